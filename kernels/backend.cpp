@@ -1,0 +1,118 @@
+#include "kernels/backend.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+namespace cellshard::kernels {
+
+const char* to_string(op o) {
+  static const char* names[] = {"matvec", "matvec_q8", "rmsnorm", "rope",
+                                "softmax", "attention", "swiglu"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<int>(op::count),
+                "one name per op");
+  const int i = static_cast<int>(o);
+  return i >= 0 && i < static_cast<int>(op::count) ? names[i] : "?";
+}
+
+namespace {
+std::vector<const backend*>& registry() {
+  static std::vector<const backend*> r{&reference_backend(), &blas_backend()};
+  return r;
+}
+}  // namespace
+
+void register_backend(const backend* b) {
+  for (auto* x : registry())
+    if (std::strcmp(x->name, b->name) == 0) return;
+  registry().push_back(b);
+}
+
+const backend* find_backend(const std::string& name) {
+  for (auto* b : registry())
+    if (name == b->name) return b;
+  return nullptr;
+}
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> out;
+  for (auto* b : registry()) out.emplace_back(b->name);
+  return out;
+}
+
+// IEEE binary16 conversions (round to nearest even; subnormals, inf and NaN
+// handled), written from the IEEE 754-2008 bit layouts.
+uint16_t fp32_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t man = x & 0x7fffffu;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (man ? 0x200u : 0));
+  int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (e <= 0) {
+    if (e < -10) return static_cast<uint16_t>(sign);
+    man |= 0x800000u;
+    const int shift = 14 - e;
+    uint32_t half = man >> shift;
+    const uint32_t rem = man & ((1u << shift) - 1);
+    const uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(e) << 10) | (man >> 13);
+  const uint32_t rem = man & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into exp: fine
+  return static_cast<uint16_t>(sign | half);
+}
+
+float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (man == 0) {
+      x = sign;
+    } else {  // subnormal: value = man * 2^-24
+      float f = std::ldexp(static_cast<float>(man), -24);
+      return sign ? -f : f;
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000u | (man << 13);
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+void quantize_row_q8(const float* x, q8_block* out, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int b = 0; b < nb; ++b) {
+    const int base = b * q8_block_size;
+    float amax = 0.0f;
+    for (int i = 0; i < q8_block_size; ++i) {
+      const float v = base + i < cols ? x[base + i] : 0.0f;
+      amax = std::fmax(amax, std::fabs(v));
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = fp32_to_fp16(d);
+    for (int i = 0; i < q8_block_size; ++i) {
+      const float v = base + i < cols ? x[base + i] : 0.0f;
+      out[b].qs[i] = static_cast<int8_t>(std::lround(v * id));
+    }
+  }
+}
+
+void dequantize_row_q8(const q8_block* in, float* out, int cols) {
+  for (int c = 0; c < cols; ++c) {
+    const q8_block& b = in[c / q8_block_size];
+    out[c] = fp16_to_fp32(b.d) * static_cast<float>(b.qs[c % q8_block_size]);
+  }
+}
+
+}  // namespace cellshard::kernels

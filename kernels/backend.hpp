@@ -1,0 +1,125 @@
+// kernels/backend.hpp: the compute kernels of a transformer block as a table of
+// functions, one table per backend (llama.cpp's backend idea; STYLE.md item 1).
+//
+// Backends: "reference" (plain loops in llama2.c run.c's order: the oracle),
+// "blas" (OpenBLAS sgemv for matvec, reference loops elsewhere) and "spe"
+// (local-store/DMA discipline, kernels/spe.hpp). Callers never #ifdef on a
+// backend; they look one up with find_backend() and ask supports().
+//
+// Conventions for every kernel:
+// - All pointers are caller-owned; kernels allocate nothing the caller sees.
+// - Matrices are row-major. A weight matrix W of shape [rows x cols] maps an
+//   input x[cols] to out[rows]; `ld` is the distance in floats between rows
+//   (ld >= cols), so a column slice of a bigger matrix needs no copy.
+// - out never aliases an input unless the kernel says so.
+// - Thread safety: every function is re-entrant; a backend holds no mutable
+//   global state other than its statistics counters (atomics).
+// - Errors: the kernels assume valid shapes (checked by the model loader and
+//   the placement); they never exit or abort.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cellshard::kernels {
+
+/// One block of ggml's Q8_0 layout: 32 int8 weights sharing one f16 scale;
+/// weight = d * qs[i]. 34 bytes, no padding (ggml-common.h block_q8_0).
+struct q8_block {
+  uint16_t d;      // IEEE 754 binary16 scale
+  int8_t qs[32];   // quantized weights
+};
+static_assert(sizeof(q8_block) == 34, "q8_block must be ggml's 34-byte layout");
+constexpr int q8_block_size = 32;
+
+/// Number of q8 blocks per row of `cols` weights (last block zero-padded).
+constexpr int q8_blocks_per_row(int cols) {
+  return (cols + q8_block_size - 1) / q8_block_size;
+}
+
+/// The operations a backend may provide. `count` is the number of operations.
+enum class op : int {
+  matvec,     // f32 matrix-vector product
+  matvec_q8,  // q8_0 matrix-vector product
+  rmsnorm,
+  rope,
+  softmax,
+  attention,
+  swiglu,
+  count
+};
+const char* to_string(op o);
+
+struct backend {
+  const char* name;
+
+  /// out[r] = sum_c W[r*ld + c] * x[c] for r in [0,rows). Shapes: W [rows x ld]
+  /// (first `cols` columns used), x [cols], out [rows].
+  void (*matvec)(float* out, const float* W, const float* x, int rows, int cols,
+                 int ld);
+
+  /// Same product with q8_0 weights: W holds rows * q8_blocks_per_row(cols)
+  /// blocks, row-major, each row zero-padded to whole blocks. x [cols].
+  void (*matvec_q8)(float* out, const q8_block* W, const float* x, int rows,
+                    int cols);
+
+  /// out[i] = weight[i] * x[i] / sqrt(mean(x^2) + 1e-5). out may alias x.
+  /// Shapes: x, weight, out [n]. (llama2.c run.c rmsnorm.)
+  void (*rmsnorm)(float* out, const float* x, const float* weight, int n);
+
+  /// Rotary position embedding in llama2.c's pairwise convention, in place:
+  /// for each pair (v[i], v[i+1]), i even, angle = pos / 10000^((i mod
+  /// head_size)/head_size). q has nq floats (whole heads), k has nk floats.
+  /// `head_offset` is the index of q's first element within the full
+  /// dim-vector modulo head_size (0 for whole heads; kept for slices).
+  void (*rope)(float* q, int nq, float* k, int nk, int pos, int head_size);
+
+  /// In-place softmax over x[n] (max-subtracted, run.c order).
+  void (*softmax)(float* x, int n);
+
+  /// Grouped-query attention for one query position `pos` over a KV cache.
+  /// q: [n_heads * head_size]; k_cache, v_cache: [(pos+1) rows x kv_stride],
+  /// row t holding the keys/values of position t for the cache's kv heads,
+  /// kv head j at offset j*head_size; query head h reads kv head h / kv_mul.
+  /// att: scratch of n_heads * (pos+1) floats; out: [n_heads * head_size].
+  void (*attention)(float* out, const float* q, const float* k_cache,
+                    const float* v_cache, float* att, int n_heads, int kv_mul,
+                    int head_size, int kv_stride, int pos);
+
+  /// hb[i] = silu(hb[i]) * hb2[i], silu(v) = v / (1 + exp(-v)). Shapes [n].
+  void (*swiglu)(float* hb, const float* hb2, int n);
+
+  /// Whether this backend implements `o` itself (false: the slot delegates to
+  /// the reference implementation).
+  bool (*supports)(op o);
+};
+
+/// The backend named `name` ("reference", "blas", "spe", ...) or nullptr.
+const backend* find_backend(const std::string& name);
+/// Names of every registered backend, in registration order.
+std::vector<std::string> backend_names();
+
+const backend& reference_backend();
+const backend& blas_backend();
+
+/// Registers a backend table (used by backends defined in other translation
+/// units, e.g. spe). Not thread-safe: call before any lookup, at start-up.
+void register_backend(const backend* b);
+
+/// Conversions between f32 and IEEE binary16 (round to nearest even), as
+/// ggml's GGML_FP32_TO_FP16 / GGML_FP16_TO_FP32.
+uint16_t fp32_to_fp16(float f);
+float fp16_to_fp32(uint16_t h);
+
+/// Quantizes one row of `cols` floats into q8_blocks_per_row(cols) blocks
+/// (ggml quantize_row_q8_0_ref: d = max|x| / 127, q = round(x / d)).
+void quantize_row_q8(const float* x, q8_block* out, int cols);
+/// Expands one q8 row back to `cols` floats.
+void dequantize_row_q8(const q8_block* in, float* out, int cols);
+
+/// Caps the threads OpenBLAS uses (openblas_set_num_threads); 0 leaves it.
+void set_blas_threads(int n);
+
+}  // namespace cellshard::kernels

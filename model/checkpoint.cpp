@@ -1,0 +1,198 @@
+#include "model/checkpoint.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <mutex>
+#include <sstream>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+namespace cellshard::model {
+
+bool host_is_big_endian() {
+  const uint16_t one = 1;
+  uint8_t b;
+  std::memcpy(&b, &one, 1);
+  return b == 0;
+}
+
+std::string config::to_string() const {
+  std::ostringstream os;
+  os << "dim " << dim << ", hidden " << hidden_dim << ", layers " << n_layers << ", heads "
+     << n_heads << ", kv heads " << n_kv_heads << ", vocab " << vocab_size << ", seq_len "
+     << seq_len << (shared_classifier ? ", shared classifier" : ", unshared classifier");
+  return os.str();
+}
+
+uint64_t checkpoint_bytes(const config& c) {
+  const uint64_t rope = 2ull * c.seq_len * (c.head_size() / 2);
+  const uint64_t emb = static_cast<uint64_t>(c.vocab_size) * c.dim;
+  uint64_t floats = emb + c.layer_params() * c.n_layers + c.dim + rope;
+  if (!c.shared_classifier) floats += emb;
+  return 7 * sizeof(int32_t) + floats * sizeof(float);
+}
+
+result<config> model_file::parse_header(const int32_t raw[7], uint64_t file_size,
+                                        const std::string& name) {
+  static const char* fields[7] = {"dim",        "hidden_dim", "n_layers", "n_heads",
+                                  "n_kv_heads", "vocab_size", "seq_len"};
+  // An upper bound keeps size arithmetic far from overflow; real models are
+  // far below it (Llama 3 70B: dim 8192, hidden 28672, 80 layers).
+  constexpr int32_t limit = 1 << 24;
+  for (int i = 0; i < 7; ++i) {
+    const int64_t v = i == 5 ? (raw[i] < 0 ? -static_cast<int64_t>(raw[i]) : raw[i]) : raw[i];
+    if (v <= 0 || v > limit) {
+      std::ostringstream os;
+      os << name << ": corrupt header: field " << fields[i] << " is " << raw[i]
+         << ", expected a positive value"
+         << (i == 5 ? " (negative means an unshared classifier)" : "") << " below " << limit;
+      return make_error(os.str());
+    }
+  }
+  config c;
+  c.dim = raw[0];
+  c.hidden_dim = raw[1];
+  c.n_layers = raw[2];
+  c.n_heads = raw[3];
+  c.n_kv_heads = raw[4];
+  c.shared_classifier = raw[5] > 0;
+  c.vocab_size = raw[5] > 0 ? raw[5] : -raw[5];
+  c.seq_len = raw[6];
+  auto bad = [&](const std::string& what) {
+    return make_error(name + ": corrupt header: " + what + " (" + c.to_string() + ")");
+  };
+  if (c.dim % c.n_heads != 0)
+    return bad("dim " + std::to_string(c.dim) + " is not divisible by n_heads " +
+               std::to_string(c.n_heads));
+  if (c.n_heads % c.n_kv_heads != 0)
+    return bad("n_heads " + std::to_string(c.n_heads) + " is not divisible by n_kv_heads " +
+               std::to_string(c.n_kv_heads));
+  if (c.head_size() % 2 != 0)
+    return bad("head size dim/n_heads = " + std::to_string(c.head_size()) +
+               " is odd; RoPE rotates pairs");
+  const uint64_t want = checkpoint_bytes(c);
+  if (file_size != want) {
+    std::ostringstream os;
+    os << name << ": file size is " << file_size << " bytes, expected " << want
+       << " bytes for a llama2.c checkpoint of " << c.to_string();
+    if (file_size < want) os << " (truncated by " << (want - file_size) << " bytes)";
+    else os << " (" << (file_size - want) << " extra bytes: not a version-0 fp32 file?)";
+    return make_error(os.str());
+  }
+  return c;
+}
+
+static uint32_t bswap32(uint32_t x) { return __builtin_bswap32(x); }
+
+result<void> model_file::init(const std::string& name, load_options opts) {
+  if (size_ < 7 * sizeof(int32_t))
+    return make_error(name + ": file is " + std::to_string(size_) +
+                      " bytes, too short for the 28-byte llama2.c header");
+  const bool swap = opts.force_swap != host_is_big_endian();
+  int32_t raw[7];
+  std::memcpy(raw, base_, sizeof raw);
+  if (swap)
+    for (auto& v : raw) v = static_cast<int32_t>(bswap32(static_cast<uint32_t>(v)));
+  auto c = parse_header(raw, size_, name);
+  if (!c) return c.err();
+  cfg_ = *c;
+  if (swap) {  // whole file is 4-byte words: swap every word in place
+    digest_ = XXH64(base_, size_, 0);  // the digest is of the file's own bytes
+    have_digest_ = true;
+    uint32_t* w = reinterpret_cast<uint32_t*>(base_);
+    for (uint64_t i = 0; i < size_ / 4; ++i) w[i] = bswap32(w[i]);
+  }
+  const float* p = reinterpret_cast<const float*>(base_ + 7 * sizeof(int32_t));
+  emb_ = p;
+  p += static_cast<uint64_t>(cfg_.vocab_size) * cfg_.dim;
+  layers_ = p;
+  p += cfg_.layer_params() * cfg_.n_layers;
+  rms_final_ = p;
+  p += cfg_.dim;
+  p += 2ull * cfg_.seq_len * (cfg_.head_size() / 2);  // unused RoPE tables
+  wcls_ = cfg_.shared_classifier ? emb_ : p;
+  return {};
+}
+
+layer_view model_file::layer(int l) const {
+  // run.c stores each weight kind for all layers together:
+  // rms_att[L][dim], wq[L][dim][dim], wk[L][kv][dim], wv[L][kv][dim],
+  // wo[L][dim][dim], rms_ffn[L][dim], w1[L][h][dim], w2[L][dim][h], w3[L][h][dim].
+  const uint64_t L = cfg_.n_layers, d = cfg_.dim, kv = cfg_.kv_dim(), h = cfg_.hidden_dim;
+  const float* p = layers_;
+  layer_view v;
+  v.rms_att = p + l * d;            p += L * d;
+  v.wq = p + l * d * d;             p += L * d * d;
+  v.wk = p + l * kv * d;            p += L * kv * d;
+  v.wv = p + l * kv * d;            p += L * kv * d;
+  v.wo = p + l * d * d;             p += L * d * d;
+  v.rms_ffn = p + l * d;            p += L * d;
+  v.w1 = p + l * h * d;             p += L * h * d;
+  v.w2 = p + l * d * h;             p += L * d * h;
+  v.w3 = p + l * h * d;
+  return v;
+}
+
+result<std::shared_ptr<const model_file>> model_file::open(const std::string& path,
+                                                          load_options opts) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0)
+    return make_error(path + ": cannot open model file: " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return make_error(path + ": not a regular file");
+  }
+  std::shared_ptr<model_file> m(new model_file());
+  m->path_ = path;
+  m->size_ = static_cast<uint64_t>(st.st_size);
+  if (m->size_ > 0) {
+    const bool swap = opts.force_swap != host_is_big_endian();
+    // A private writable mapping lets the swap path convert in place
+    // (copy-on-write); the usual path maps read-only and shares the page cache.
+    void* p = ::mmap(nullptr, m->size_, swap ? PROT_READ | PROT_WRITE : PROT_READ,
+                     MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      return make_error(path + ": mmap failed: " + std::strerror(errno));
+    }
+    m->base_ = static_cast<uint8_t*>(p);
+    m->mapped_ = true;
+  }
+  ::close(fd);
+  auto r = m->init(path, opts);
+  if (!r) return r.err();
+  return std::shared_ptr<const model_file>(std::move(m));
+}
+
+result<std::shared_ptr<const model_file>> model_file::from_bytes(std::vector<uint8_t> bytes,
+                                                                std::string name,
+                                                                load_options opts) {
+  std::shared_ptr<model_file> m(new model_file());
+  m->owned_ = std::move(bytes);
+  m->base_ = m->owned_.data();
+  m->size_ = m->owned_.size();
+  m->path_ = name;
+  auto r = m->init(name, opts);
+  if (!r) return r.err();
+  return std::shared_ptr<const model_file>(std::move(m));
+}
+
+model_file::~model_file() {
+  if (mapped_ && base_) ::munmap(base_, size_);
+}
+
+uint64_t model_file::digest() const {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!have_digest_) {
+    digest_ = XXH64(base_, size_, 0);
+    have_digest_ = true;
+  }
+  return digest_;
+}
+
+}  // namespace cellshard::model

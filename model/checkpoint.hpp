@@ -1,0 +1,100 @@
+// model/checkpoint.hpp: llama2.c checkpoint files (format "version 0", fp32),
+// as written by llama2.c's export.py legacy_export and read by run.c.
+// Layout (docs/formats.md): seven int32 header fields (dim, hidden_dim,
+// n_layers, n_heads, n_kv_heads, vocab_size, seq_len; vocab_size < 0 means an
+// unshared classifier), then f32 weights in run.c's order, then two unused
+// RoPE tables of seq_len x head_size/2 floats, then the classifier if unshared.
+//
+// Ownership: a model_file owns its mapping (or buffer) and is immutable after
+// open(); share it as std::shared_ptr<const model_file> between threads freely.
+#pragma once
+
+#include "model/config.hpp"
+#include "model/result.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cellshard::model {
+
+struct load_options {
+  /// Treat the file as having the opposite byte order of the host (llama2.c
+  /// files are little-endian; on a big-endian host such as the PS3's PPE they
+  /// always need swapping). Used to test the swap path on little-endian hosts.
+  bool force_swap = false;
+};
+
+/// Views of one layer's weights, pointing into the model_file.
+/// Shapes (row-major, [out x in]): rms_att [dim], wq [dim x dim],
+/// wk [kv_dim x dim], wv [kv_dim x dim], wo [dim x dim], rms_ffn [dim],
+/// w1 [hidden x dim], w2 [dim x hidden], w3 [hidden x dim].
+struct layer_view {
+  const float* rms_att;
+  const float* wq;
+  const float* wk;
+  const float* wv;
+  const float* wo;
+  const float* rms_ffn;
+  const float* w1;
+  const float* w2;
+  const float* w3;
+};
+
+class model_file {
+public:
+  /// Maps and validates `path`. Errors name the file, the field and the
+  /// expected and actual values (e.g. a truncated file, a corrupt header).
+  static result<std::shared_ptr<const model_file>> open(const std::string& path,
+                                                        load_options opts = {});
+  /// Validates and adopts an in-memory image of a checkpoint (e.g. synth's).
+  static result<std::shared_ptr<const model_file>> from_bytes(std::vector<uint8_t> bytes,
+                                                              std::string name,
+                                                              load_options opts = {});
+  ~model_file();
+  model_file(const model_file&) = delete;
+  model_file& operator=(const model_file&) = delete;
+
+  const config& cfg() const { return cfg_; }
+  const std::string& path() const { return path_; }
+  uint64_t file_bytes() const { return size_; }
+
+  const float* token_embedding() const { return emb_; }  // [vocab x dim]
+  layer_view layer(int l) const;
+  const float* rms_final() const { return rms_final_; }  // [dim]
+  const float* classifier() const { return wcls_; }      // [vocab x dim]
+
+  /// XXH64 of the whole file (computed on first call; thread-safe).
+  uint64_t digest() const;
+
+  /// Validates a header against a file size; exposed for tests and tools.
+  static result<config> parse_header(const int32_t raw[7], uint64_t file_size,
+                                     const std::string& name);
+
+private:
+  model_file() = default;
+  result<void> init(const std::string& name, load_options opts);
+
+  config cfg_;
+  std::string path_;
+  uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  bool mapped_ = false;
+  std::vector<uint8_t> owned_;
+  const float* emb_ = nullptr;
+  const float* layers_ = nullptr;
+  const float* rms_final_ = nullptr;
+  const float* wcls_ = nullptr;
+  mutable uint64_t digest_ = 0;
+  mutable bool have_digest_ = false;
+};
+
+/// Expected size in bytes of a checkpoint with this config (header, weights,
+/// RoPE tables, classifier when unshared).
+uint64_t checkpoint_bytes(const config& c);
+
+bool host_is_big_endian();
+
+}  // namespace cellshard::model

@@ -1,0 +1,97 @@
+#include "model/generate.hpp"
+
+#include <chrono>
+#include <ctime>
+#include <sstream>
+#include <vector>
+
+namespace cellshard::model {
+
+generation_params normalise(generation_params p, int seq_len) {
+  if (p.sampling.temperature < 0.0f) p.sampling.temperature = 0.0f;
+  if (p.sampling.topp < 0.0f || p.sampling.topp > 1.0f) p.sampling.topp = 0.9f;
+  if (p.steps <= 0 || p.steps > seq_len) p.steps = seq_len;
+  if (p.sampling.seed == 0) p.sampling.seed = static_cast<unsigned int>(std::time(nullptr));
+  return p;
+}
+
+result<generation_result> generate(const forward_fn& forward, const tokenizer& tok,
+                                   int vocab_size, const generation_params& params,
+                                   const piece_fn& on_piece) {
+  using clock = std::chrono::steady_clock;
+  generation_result out;
+  const std::vector<int> prompt = tok.encode(params.prompt, true, false);
+  out.prompt_tokens = static_cast<int>(prompt.size());
+  sampler smp(vocab_size, params.sampling);
+  std::vector<float> logits(vocab_size);
+  const auto t0 = clock::now();
+  auto last = t0;
+  clock::time_point first{};
+  int token = prompt[0];
+  out.ids.push_back(token);
+  int pos = 0;
+  while (pos < params.steps) {
+    auto l = forward(token, pos);
+    if (!l) return l.err();
+    int next;
+    if (pos < static_cast<int>(prompt.size()) - 1) {
+      next = prompt[pos + 1];
+    } else {
+      std::copy(*l, *l + vocab_size, logits.begin());
+      next = smp.sample(logits.data());
+    }
+    ++pos;
+    out.ids.push_back(next);
+    const auto now = clock::now();
+    if (pos > 1) out.step_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+    last = now;
+    if (next == bos_id) break;
+    const std::string piece = tok.decode(token, next);
+    out.text += piece;
+    if (on_piece) on_piece(next, piece);
+    token = next;
+    if (first == clock::time_point{}) {
+      first = now;
+      out.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
+    }
+  }
+  const auto end = clock::now();
+  out.duration_ms = std::chrono::duration<double, std::milli>(end - t0).count();
+  if (pos > 1 && first != clock::time_point{}) {
+    const double s = std::chrono::duration<double>(end - first).count();
+    out.tokens_per_s = s > 0 ? (pos - 1) / s : 0;
+  }
+  return out;
+}
+
+std::string format_ids(const std::vector<int>& ids) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ids.size(); ++i) os << (i ? "," : "") << ids[i];
+  os << "\n";
+  return os.str();
+}
+
+result<std::vector<int>> parse_ids(const std::string& text, const std::string& name) {
+  std::vector<int> ids;
+  std::istringstream in(text);
+  std::string tok;
+  int n = 0;
+  while (std::getline(in, tok, ',')) {
+    while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' '))
+      tok.pop_back();
+    if (tok.empty() && in.eof()) break;
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoi(tok, &used));
+      if (used != tok.size()) throw std::invalid_argument(tok);
+    } catch (const std::exception&) {
+      return make_error(name + ": entry " + std::to_string(n) + " is '" + tok +
+                        "', expected an integer token id");
+    }
+    ++n;
+  }
+  if (ids.empty()) return make_error(name + ": no token ids");
+  return ids;
+}
+
+}  // namespace cellshard::model

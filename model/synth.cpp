@@ -1,0 +1,125 @@
+#include "model/synth.hpp"
+
+#include "model/checkpoint.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace cellshard::model {
+
+result<config> synth_preset(const std::string& name) {
+  config c;
+  c.shared_classifier = true;
+  if (name == "stories260k") c = {64, 172, 5, 8, 4, 512, 512, true};
+  else if (name == "stories15m") c = {288, 768, 6, 6, 6, 32000, 256, true};
+  else if (name == "stories42m") c = {512, 1376, 8, 8, 8, 32000, 1024, true};
+  else if (name == "stories110m") c = {768, 2048, 12, 12, 12, 32000, 1024, true};
+  else
+    return make_error("synth --config: unknown preset '" + name +
+                      "', expected stories260k, stories15m, stories42m, stories110m or custom");
+  return c;
+}
+
+namespace {
+
+struct splitmix64 {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1) from the top 24 bits (exactly representable floats).
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+};
+
+class writer {
+public:
+  explicit writer(const std::function<void(const void*, size_t)>& sink) : sink_(sink) {}
+  void put(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if (host_is_big_endian()) u = __builtin_bswap32(u);
+    buf_.push_back(u);
+    if (buf_.size() == 1 << 16) flush();
+  }
+  void flush() {
+    if (!buf_.empty()) sink_(buf_.data(), buf_.size() * 4);
+    buf_.clear();
+  }
+
+private:
+  const std::function<void(const void*, size_t)>& sink_;
+  std::vector<uint32_t> buf_;
+};
+
+}  // namespace
+
+void synth_write(const config& c, uint64_t seed,
+                 const std::function<void(const void*, size_t)>& sink) {
+  int32_t hdr[7] = {c.dim,     c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                    c.shared_classifier ? c.vocab_size : -c.vocab_size, c.seq_len};
+  if (host_is_big_endian())
+    for (auto& v : hdr) v = static_cast<int32_t>(__builtin_bswap32(static_cast<uint32_t>(v)));
+  sink(hdr, sizeof hdr);
+  splitmix64 rng{seed};
+  writer w(sink);
+  auto fill = [&](uint64_t n, int fan_in) {
+    const float a = std::sqrt(3.0f / static_cast<float>(fan_in));
+    for (uint64_t i = 0; i < n; ++i) w.put(a * rng.uniform());
+  };
+  auto ones = [&](uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) w.put(1.0f);
+  };
+  const uint64_t L = c.n_layers, d = c.dim, kv = c.kv_dim(), h = c.hidden_dim, V = c.vocab_size;
+  fill(V * d, 1);   // token embeddings: uniform [-sqrt(3), sqrt(3)], unit variance
+  ones(L * d);      // rms_att
+  fill(L * d * d, c.dim);   // wq
+  fill(L * kv * d, c.dim);  // wk
+  fill(L * kv * d, c.dim);  // wv
+  fill(L * d * d, c.dim);   // wo
+  ones(L * d);              // rms_ffn
+  fill(L * h * d, c.dim);   // w1
+  fill(L * d * h, c.hidden_dim);  // w2
+  fill(L * h * d, c.dim);   // w3
+  ones(d);                  // rms_final
+  // RoPE tables as llama2.c's export.py writes them (cos then sin, each
+  // [seq_len x head_size/2]); run.c skips them.
+  const int hs = c.head_size();
+  for (int table = 0; table < 2; ++table)
+    for (int p = 0; p < c.seq_len; ++p)
+      for (int i = 0; i < hs / 2; ++i) {
+        const double freq = 1.0 / std::pow(10000.0, (2.0 * i) / hs);
+        const double ang = p * freq;
+        w.put(static_cast<float>(table == 0 ? std::cos(ang) : std::sin(ang)));
+      }
+  if (!c.shared_classifier) fill(V * d, c.dim);
+  w.flush();
+}
+
+result<void> synth_file(const config& c, uint64_t seed, const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return make_error(path + ": cannot create: " + std::strerror(errno));
+  bool ok = true;
+  synth_write(c, seed, [&](const void* p, size_t n) {
+    if (ok && std::fwrite(p, 1, n, f) != n) ok = false;
+  });
+  if (std::fclose(f) != 0) ok = false;
+  if (!ok) return make_error(path + ": write failed: " + std::strerror(errno));
+  return {};
+}
+
+std::vector<uint8_t> synth_bytes(const config& c, uint64_t seed) {
+  std::vector<uint8_t> out;
+  out.reserve(checkpoint_bytes(c));
+  synth_write(c, seed, [&](const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  });
+  return out;
+}
+
+}  // namespace cellshard::model

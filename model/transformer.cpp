@@ -1,0 +1,219 @@
+#include "model/transformer.hpp"
+
+#include <cstring>
+#include <sstream>
+
+namespace cellshard::model {
+
+const char* to_string(weight_format f) { return f == weight_format::f32 ? "f32" : "q8_0"; }
+
+result<weight_format> parse_weight_format(const std::string& s) {
+  if (s == "f32") return weight_format::f32;
+  if (s == "q8_0") return weight_format::q8_0;
+  return make_error("--weights: unknown format '" + s + "', expected f32 or q8_0");
+}
+
+slice_spec slice_spec::whole(const config& c) {
+  slice_spec s;
+  s.layer_end = c.n_layers;
+  s.kv_head_end = c.n_kv_heads;
+  s.ffn_end = c.hidden_dim;
+  s.embedding = true;
+  s.classifier = true;
+  return s;
+}
+
+std::string slice_spec::to_string() const {
+  std::ostringstream os;
+  os << "layers [" << layer_begin << "," << layer_end << ") kv heads [" << kv_head_begin << ","
+     << kv_head_end << ") ffn [" << ffn_begin << "," << ffn_end << ")"
+     << (embedding ? " +embedding" : "") << (classifier ? " +classifier" : "");
+  return os.str();
+}
+
+uint64_t matrix::bytes() const {
+  if (q8) return static_cast<uint64_t>(rows) * kernels::q8_blocks_per_row(cols) *
+                 sizeof(kernels::q8_block);
+  return static_cast<uint64_t>(rows) * cols * sizeof(float);
+}
+
+void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x) {
+  if (m.q8) be.matvec_q8(out, m.q8, x, m.rows, m.cols);
+  else be.matvec(out, m.f32, x, m.rows, m.cols, m.ld);
+}
+
+result<std::shared_ptr<const shard_weights>> shard_weights::make(
+    std::shared_ptr<const model_file> file, slice_spec spec, weight_format fmt) {
+  const config& c = file->cfg();
+  auto bad = [&](const std::string& what) {
+    return make_error("shard slice " + spec.to_string() + ": " + what + " (model: " +
+                      c.to_string() + ")");
+  };
+  if (spec.layer_begin < 0 || spec.layer_end > c.n_layers || spec.layer_begin >= spec.layer_end)
+    return bad("layer range outside [0," + std::to_string(c.n_layers) + ")");
+  if (spec.kv_head_begin < 0 || spec.kv_head_end > c.n_kv_heads ||
+      spec.kv_head_begin >= spec.kv_head_end)
+    return bad("kv head range outside [0," + std::to_string(c.n_kv_heads) + ")");
+  if (spec.ffn_begin < 0 || spec.ffn_end > c.hidden_dim || spec.ffn_begin >= spec.ffn_end)
+    return bad("ffn range outside [0," + std::to_string(c.hidden_dim) + ")");
+
+  std::shared_ptr<shard_weights> w(new shard_weights());
+  w->file_ = file;
+  w->spec_ = spec;
+  w->fmt_ = fmt;
+  const int hs = c.head_size(), d = c.dim, h = c.hidden_dim;
+  const int q0 = spec.kv_head_begin * c.kv_mul() * hs;
+  const int nq = spec.n_kv_heads() * c.kv_mul() * hs;
+  const int k0 = spec.kv_head_begin * hs, nk = spec.n_kv_heads() * hs;
+  const int f0 = spec.ffn_begin, nf = spec.ffn_units();
+
+  auto view = [](const float* base, int rows, int cols, int ld) {
+    matrix m;
+    m.f32 = base;
+    m.rows = rows;
+    m.cols = cols;
+    m.ld = ld;
+    return m;
+  };
+  // q8_0 copies each matrix (row-padded to whole 32-blocks) and drops the f32 view.
+  auto finish = [&](matrix m) {
+    if (fmt == weight_format::q8_0) {
+      const int nb = kernels::q8_blocks_per_row(m.cols);
+      std::vector<kernels::q8_block> blocks(static_cast<size_t>(m.rows) * nb);
+      for (int r = 0; r < m.rows; ++r)
+        kernels::quantize_row_q8(m.f32 + static_cast<size_t>(r) * m.ld, &blocks[r * nb], m.cols);
+      w->owned_.push_back(std::move(blocks));
+      m.q8 = w->owned_.back().data();
+      m.f32 = nullptr;
+    }
+    w->bytes_ += m.bytes();
+    return m;
+  };
+  w->owned_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
+  for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
+    const layer_view v = file->layer(l);
+    layer L;
+    L.rms_att = v.rms_att;
+    L.rms_ffn = v.rms_ffn;
+    L.wq = finish(view(v.wq + static_cast<size_t>(q0) * d, nq, d, d));
+    L.wk = finish(view(v.wk + static_cast<size_t>(k0) * d, nk, d, d));
+    L.wv = finish(view(v.wv + static_cast<size_t>(k0) * d, nk, d, d));
+    L.wo = finish(view(v.wo + q0, d, nq, d));
+    L.w1 = finish(view(v.w1 + static_cast<size_t>(f0) * d, nf, d, d));
+    L.w3 = finish(view(v.w3 + static_cast<size_t>(f0) * d, nf, d, d));
+    L.w2 = finish(view(v.w2 + f0, d, nf, h));
+    w->bytes_ += 2ull * d * sizeof(float);
+    w->layers_.push_back(L);
+  }
+  if (spec.embedding) w->bytes_ += static_cast<uint64_t>(c.vocab_size) * d * sizeof(float);
+  if (spec.classifier) {
+    w->wcls_ = view(file->classifier(), c.vocab_size, d, d);
+    // A shared classifier is the embedding table: quantize a copy for q8_0
+    // (embedding lookups keep reading f32 rows), count it once for f32.
+    const bool counted = c.shared_classifier && spec.embedding && fmt == weight_format::f32;
+    const uint64_t before = w->bytes_;
+    w->wcls_ = finish(w->wcls_);
+    if (counted) w->bytes_ = before;
+    w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
+  }
+  return std::shared_ptr<const shard_weights>(std::move(w));
+}
+
+kv_cache::kv_cache(int n_layers, int seq_len, int kv_dim)
+    : n_layers_(n_layers), seq_len_(seq_len), kv_dim_(kv_dim),
+      k_(static_cast<size_t>(n_layers) * seq_len * kv_dim, 0.0f),
+      v_(static_cast<size_t>(n_layers) * seq_len * kv_dim, 0.0f) {}
+
+std::vector<float> kv_cache::rows(int from, int to) const {
+  std::vector<float> out;
+  const size_t n = static_cast<size_t>(to - from) * kv_dim_;
+  out.reserve(2 * n * n_layers_);
+  for (int l = 0; l < n_layers_; ++l) {
+    out.insert(out.end(), key(l, from), key(l, from) + n);
+    out.insert(out.end(), value(l, from), value(l, from) + n);
+  }
+  return out;
+}
+
+void kv_cache::restore(int from, int to, const std::vector<float>& data) {
+  const size_t n = static_cast<size_t>(to - from) * kv_dim_;
+  const float* p = data.data();
+  for (int l = 0; l < n_layers_; ++l) {
+    std::memcpy(key(l, from), p, n * sizeof(float));
+    p += n;
+    std::memcpy(value(l, from), p, n * sizeof(float));
+    p += n;
+  }
+}
+
+scratch::scratch(const shard_weights& w) {
+  const config& c = w.cfg();
+  const int nq = w.n_heads_local() * c.head_size();
+  xb.resize(c.dim);
+  q.resize(nq);
+  attn.resize(nq);
+  att.resize(static_cast<size_t>(w.n_heads_local()) * c.seq_len);
+  hb.resize(w.spec().ffn_units());
+  hb2.resize(w.spec().ffn_units());
+  partial.resize(c.dim);
+}
+
+void attention_partial(const kernels::backend& be, const shard_weights& w, int l,
+                       const float* x, int pos, kv_cache& kv, scratch& s, float* partial) {
+  const config& c = w.cfg();
+  const auto& L = w.at(l);
+  const int li = l - w.spec().layer_begin;
+  be.rmsnorm(s.xb.data(), x, L.rms_att, c.dim);
+  float* k = kv.key(li, pos);
+  float* v = kv.value(li, pos);
+  matvec(be, s.q.data(), L.wq, s.xb.data());
+  matvec(be, k, L.wk, s.xb.data());
+  matvec(be, v, L.wv, s.xb.data());
+  be.rope(s.q.data(), L.wq.rows, k, L.wk.rows, pos, c.head_size());
+  be.attention(s.attn.data(), s.q.data(), kv.key(li, 0), kv.value(li, 0), s.att.data(),
+               w.n_heads_local(), c.kv_mul(), c.head_size(), kv.kv_dim(), pos);
+  matvec(be, partial, L.wo, s.attn.data());
+}
+
+void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, const float* x,
+                 scratch& s, float* partial) {
+  const config& c = w.cfg();
+  const auto& L = w.at(l);
+  be.rmsnorm(s.xb.data(), x, L.rms_ffn, c.dim);
+  matvec(be, s.hb.data(), L.w1, s.xb.data());
+  matvec(be, s.hb2.data(), L.w3, s.xb.data());
+  be.swiglu(s.hb.data(), s.hb2.data(), L.w1.rows);
+  matvec(be, partial, L.w2, s.hb.data());
+}
+
+void stage_forward(const kernels::backend& be, const shard_weights& w, float* x, int pos,
+                   kv_cache& kv, scratch& s) {
+  const int dim = w.cfg().dim;
+  std::vector<float>& partial = s.partial;
+  for (int l = w.spec().layer_begin; l < w.spec().layer_end; ++l) {
+    attention_partial(be, w, l, x, pos, kv, s, partial.data());
+    for (int i = 0; i < dim; ++i) x[i] += partial[i];
+    ffn_partial(be, w, l, x, s, partial.data());
+    for (int i = 0; i < dim; ++i) x[i] += partial[i];
+  }
+}
+
+void classify(const kernels::backend& be, const shard_weights& w, float* x, float* logits) {
+  be.rmsnorm(x, x, w.rms_final(), w.cfg().dim);
+  matvec(be, logits, w.classifier(), x);
+}
+
+engine::engine(std::shared_ptr<const shard_weights> w, const kernels::backend& be)
+    : w_(std::move(w)), be_(&be),
+      kv_(w_->spec().n_layers(), w_->cfg().seq_len, w_->spec().n_kv_heads() * w_->cfg().head_size()),
+      s_(*w_), x_(w_->cfg().dim), logits_(w_->cfg().vocab_size) {}
+
+const float* engine::forward(int token, int pos) {
+  const int dim = cfg().dim;
+  std::memcpy(x_.data(), w_->embedding() + static_cast<size_t>(token) * dim, dim * sizeof(float));
+  stage_forward(*be_, *w_, x_.data(), pos, kv_, s_);
+  classify(*be_, *w_, x_.data(), logits_.data());
+  return logits_.data();
+}
+
+}  // namespace cellshard::model

@@ -1,0 +1,170 @@
+// model/transformer.hpp: the Llama block as functions of (weights slice, KV
+// cache, activations), following llama2.c run.c's forward() step by step.
+//
+// A slice_spec says which part of the model one shard computes: a layer range
+// (pipeline parallelism) and, within those layers, a range of KV heads with
+// their query heads and a range of FFN hidden units (tensor parallelism). The
+// whole model is the slice with every layer, head and unit.
+//
+// For tensor parallelism each shard returns *partial* dim-vectors (its heads'
+// share of wo·attn, its units' share of w2·ffn); the caller sums the partials
+// of a group in a fixed shard order and adds them to the residual stream.
+// With a single whole slice that is exactly run.c's x += wo·xb.
+//
+// Ownership: shard_weights is immutable and shared (std::shared_ptr<const>);
+// it keeps the model_file alive. kv_cache and scratch are per session and
+// owned by whoever runs the session (not thread-safe; one user at a time).
+#pragma once
+
+#include "kernels/backend.hpp"
+#include "model/checkpoint.hpp"
+#include "model/config.hpp"
+#include "model/result.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cellshard::model {
+
+enum class weight_format { f32, q8_0 };
+const char* to_string(weight_format f);
+result<weight_format> parse_weight_format(const std::string& s);
+
+struct slice_spec {
+  int layer_begin = 0, layer_end = 0;      // layers [begin, end)
+  int kv_head_begin = 0, kv_head_end = 0;  // KV heads; query heads are kv * kv_mul
+  int ffn_begin = 0, ffn_end = 0;          // FFN hidden units
+  bool embedding = false;                  // holds the token embedding table
+  bool classifier = false;                 // holds the final norm and classifier
+
+  static slice_spec whole(const config& c);
+  int n_layers() const { return layer_end - layer_begin; }
+  int n_kv_heads() const { return kv_head_end - kv_head_begin; }
+  int ffn_units() const { return ffn_end - ffn_begin; }
+  std::string to_string() const;
+};
+
+/// A weight matrix [rows x cols] in f32 (a view with row stride ld, possibly
+/// into the mapped file) or q8_0 (an owned, row-padded block array).
+struct matrix {
+  const float* f32 = nullptr;
+  const kernels::q8_block* q8 = nullptr;
+  int rows = 0, cols = 0, ld = 0;
+  uint64_t bytes() const;
+};
+
+/// out[rows] = m · x[cols] with the backend's f32 or q8 kernel.
+void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x);
+
+class shard_weights {
+public:
+  struct layer {
+    const float* rms_att;     // [dim]
+    matrix wq;                // [n_heads_local*head_size x dim]
+    matrix wk, wv;            // [n_kv_local*head_size x dim]
+    matrix wo;                // [dim x n_heads_local*head_size] (column slice)
+    const float* rms_ffn;     // [dim]
+    matrix w1, w3;            // [units x dim]
+    matrix w2;                // [dim x units] (column slice)
+  };
+
+  /// Builds the slice `spec` of `file`. Errors when the spec is out of the
+  /// model's range. q8_0 quantizes the slice's matrices at load time.
+  static result<std::shared_ptr<const shard_weights>> make(std::shared_ptr<const model_file> file,
+                                                           slice_spec spec,
+                                                           weight_format fmt = weight_format::f32);
+
+  const config& cfg() const { return file_->cfg(); }
+  const slice_spec& spec() const { return spec_; }
+  weight_format format() const { return fmt_; }
+  const model_file& file() const { return *file_; }
+  const layer& at(int l) const { return layers_[l - spec_.layer_begin]; }
+  const float* embedding() const { return file_->token_embedding(); }  // [vocab x dim]
+  const float* rms_final() const { return file_->rms_final(); }
+  const matrix& classifier() const { return wcls_; }  // [vocab x dim]
+  int n_heads_local() const { return spec_.n_kv_heads() * cfg().kv_mul(); }
+  /// Bytes of weights this shard holds or reads (its slice only).
+  uint64_t bytes() const { return bytes_; }
+
+private:
+  std::shared_ptr<const model_file> file_;
+  slice_spec spec_;
+  weight_format fmt_ = weight_format::f32;
+  std::vector<layer> layers_;
+  matrix wcls_;
+  std::vector<std::vector<kernels::q8_block>> owned_;  // q8_0 storage
+  uint64_t bytes_ = 0;
+};
+
+/// Per-session KV cache of a slice: for each of the slice's layers, seq_len
+/// rows of kv_dim_local floats for K and for V. Rows are written by position,
+/// so re-running a position overwrites it (replay is idempotent).
+class kv_cache {
+public:
+  kv_cache() = default;
+  kv_cache(int n_layers, int seq_len, int kv_dim);
+  float* key(int layer_local, int pos) { return k_.data() + offset(layer_local, pos); }
+  float* value(int layer_local, int pos) { return v_.data() + offset(layer_local, pos); }
+  const float* key(int layer_local, int pos) const { return k_.data() + offset(layer_local, pos); }
+  const float* value(int layer_local, int pos) const { return v_.data() + offset(layer_local, pos); }
+  int n_layers() const { return n_layers_; }
+  int seq_len() const { return seq_len_; }
+  int kv_dim() const { return kv_dim_; }
+  uint64_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+  /// The rows of positions [from, to) of every layer (K then V per layer),
+  /// for checkpoints; restore() writes them back.
+  std::vector<float> rows(int from, int to) const;
+  void restore(int from, int to, const std::vector<float>& data);
+
+private:
+  size_t offset(int l, int pos) const {
+    return (static_cast<size_t>(l) * seq_len_ + pos) * kv_dim_;
+  }
+  int n_layers_ = 0, seq_len_ = 0, kv_dim_ = 0;
+  std::vector<float> k_, v_;
+};
+
+/// Scratch buffers sized for one slice (reused across steps).
+struct scratch {
+  explicit scratch(const shard_weights& w);
+  std::vector<float> xb, q, attn, att, hb, hb2, partial;
+};
+
+/// Attention half of layer `l` at position `pos`: rmsnorm(x), this slice's
+/// Q/K/V, RoPE, K/V written to the cache, attention, then partial = wo_slice
+/// · attn. x [dim] is read only; partial [dim] is written.
+void attention_partial(const kernels::backend& be, const shard_weights& w, int l,
+                       const float* x, int pos, kv_cache& kv, scratch& s, float* partial);
+
+/// FFN half of layer `l`: rmsnorm(x), SwiGLU over this slice's units, partial =
+/// w2_slice · h. x [dim] read only; partial [dim] written.
+void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, const float* x,
+                 scratch& s, float* partial);
+
+/// Runs every layer of a whole-head/whole-FFN slice (a pipeline stage) on x
+/// [dim] in place at position pos.
+void stage_forward(const kernels::backend& be, const shard_weights& w, float* x, int pos,
+                   kv_cache& kv, scratch& s);
+
+/// Final RMSNorm and classifier: logits [vocab] from x [dim] (x is modified).
+void classify(const kernels::backend& be, const shard_weights& w, float* x, float* logits);
+
+/// The single-process engine: one whole slice, one KV cache. forward() is
+/// run.c's forward(): logits of the token at pos. Not thread-safe.
+class engine {
+public:
+  engine(std::shared_ptr<const shard_weights> w, const kernels::backend& be);
+  const float* forward(int token, int pos);
+  const config& cfg() const { return w_->cfg(); }
+  const shard_weights& weights() const { return *w_; }
+
+private:
+  std::shared_ptr<const shard_weights> w_;
+  const kernels::backend* be_;
+  kv_cache kv_;
+  scratch s_;
+  std::vector<float> x_, logits_;
+};
+
+}  // namespace cellshard::model

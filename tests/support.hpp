@@ -1,0 +1,49 @@
+// tests/support.hpp: locating ../shared (models and llama2.c fixtures) and the
+// built binaries. When ../shared is missing the test is skipped with a message;
+// when the environment variable CI is set it fails instead (DEVELOPERS.md).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+namespace cellshard::test {
+
+/// Path of a file under ../shared ("models/stories260K.bin"), or "" when the
+/// shared folder is missing (after WARNing, or FAILing when CI is set).
+std::string shared_file(const std::string& rel);
+
+/// True when ../shared is present; otherwise WARN (or FAIL under CI).
+bool have_shared();
+
+/// Reads a fixture .ids file: comma-separated ids on one line.
+std::vector<int> read_ids(const std::string& path);
+std::string read_file(const std::string& path);
+
+/// The cellshard executable built in this tree.
+std::string cellshard_bin();
+
+struct command_result {
+  int status = -1;       // exit status (or -1 when it did not exit normally)
+  std::string out;       // stdout
+  std::string err;       // stderr
+};
+/// Runs `args` (argv, no shell) with a deadline; kills it past `timeout_s`.
+command_result run_command(const std::vector<std::string>& args, double timeout_s = 120);
+
+/// A fresh directory under the build tree's tmp/ for one test.
+std::string temp_dir(const std::string& name);
+
+/// One llama2.c fixture case: its name and run.c's flags.
+struct fixture_case {
+  std::string name;
+  std::string prompt;   // "" = none
+  int steps;
+  float temperature;
+  float topp;
+  unsigned long long seed;
+};
+const std::vector<fixture_case>& fixture_cases();
+
+}  // namespace cellshard::test

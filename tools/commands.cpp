@@ -1,0 +1,8 @@
+#include "tools/commands.hpp"
+
+namespace cellshard::tools {
+void add_commands(CLI::App& app, int& status) {
+  add_run(app, status);
+  add_synth(app, status);
+}
+}  // namespace cellshard::tools

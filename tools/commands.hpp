@@ -1,0 +1,11 @@
+// tools/commands.hpp: each subcommand registers itself on the CLI11 app; its
+// callback runs the command and sets `status` (or throws cli_error).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace cellshard::tools {
+void add_commands(CLI::App& app, int& status);
+void add_run(CLI::App& app, int& status);
+void add_synth(CLI::App& app, int& status);
+}  // namespace cellshard::tools
