@@ -75,7 +75,12 @@ void synth_write(const config& c, uint64_t seed,
     for (uint64_t i = 0; i < n; ++i) w.put(1.0f);
   };
   const uint64_t L = c.n_layers, d = c.dim, kv = c.kv_dim(), h = c.hidden_dim, V = c.vocab_size;
-  fill(V * d, 1);   // token embeddings: uniform [-sqrt(3), sqrt(3)], unit variance
+  // Token embeddings get variance 1/dim like the projections. With unit
+  // variance a shared classifier would score the input token far above every
+  // other (x . emb[t] ~ |emb[t]|^2 = dim), so a random model would repeat its
+  // first token, BOS included, and stop at once; at 1/dim the layers' outputs
+  // dominate and generation wanders through the vocabulary.
+  fill(V * d, c.dim);
   ones(L * d);      // rms_att
   fill(L * d * d, c.dim);   // wq
   fill(L * kv * d, c.dim);  // wk

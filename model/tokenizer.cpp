@@ -74,7 +74,16 @@ std::shared_ptr<const tokenizer> tokenizer::byte_level(int vocab_size) {
     t->vocab_.emplace_back(buf);
   }
   t->vocab_.emplace_back(" ");
-  for (int i = static_cast<int>(t->vocab_.size()); i < vocab_size; ++i) {
+  // The rest: syllables with and without a leading space, so that a random
+  // model's output reads as pseudo-words rather than placeholders.
+  const std::string consonants = "bcdfghjklmnprstvwyz", vowels = "aeiou";
+  for (int with_space = 1; with_space >= 0; --with_space)
+    for (char c : consonants)
+      for (char v : vowels) {
+        if (t->vocab_size() >= vocab_size) break;
+        t->vocab_.push_back(std::string(with_space ? " " : "") + c + v);
+      }
+  for (int i = t->vocab_size(); i < vocab_size; ++i) {
     std::snprintf(buf, sizeof buf, "<x%d>", i);
     t->vocab_.emplace_back(buf);
   }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian package cellshard's build, tests and examples need.
+# Idempotent, and quiet when everything is already present. Needs root (or sudo).
+set -euo pipefail
+pkgs=(
+  build-essential cmake pkg-config git
+  libcaf-dev libssl-dev          # CAF 0.17.6 (core, io, openssl)
+  libopenblas-dev                # blas backend
+  libcereal-dev libxxhash-dev    # checkpoints and digests
+  catch2                         # tests (Catch2 v2)
+  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libbenchmark-dev               # micro-benchmarks
+  gnuplot-nox                    # plots
+  iproute2                       # network-namespace lab (ip netns, tc)
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,161 @@
+// `cellshard run` and `cellshard synth` as a user runs them: every fixture
+// through the binary with both backends, exit codes and error messages.
+#include "model/synth.hpp"
+#include "model/tokenizer.hpp"
+#include "tests/support.hpp"
+
+#include <algorithm>
+
+#include <fstream>
+
+using namespace cellshard;
+
+namespace {
+std::vector<std::string> run_args(const test::fixture_case& fc, const std::string& kernels) {
+  std::vector<std::string> a = {test::cellshard_bin(), "run",
+                                "-m", test::shared_file("models/stories260K.bin"),
+                                "-z", test::shared_file("models/tok512.bin"),
+                                "-n", std::to_string(fc.steps),
+                                "-t", std::to_string(fc.temperature),
+                                "-p", std::to_string(fc.topp),
+                                "--kernels", kernels};
+  if (fc.seed) a.insert(a.end(), {"-s", std::to_string(fc.seed)});
+  if (!fc.prompt.empty()) a.insert(a.end(), {"-i", fc.prompt});
+  return a;
+}
+}  // namespace
+
+TEST_CASE("cellshard run prints run.c's text and ids for every fixture", "[cli][fixtures]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("cli");
+  for (const char* k : {"reference", "blas"}) {
+    for (const auto& fc : test::fixture_cases()) {
+      DYNAMIC_SECTION(k << " " << fc.name) {
+        auto args = run_args(fc, k);
+        const std::string ids = dir + "/" + fc.name + "." + k + ".ids";
+        args.insert(args.end(), {"--ids-out", ids, "--expect-ids",
+                                 test::shared_file("fixtures/" + fc.name + ".ids")});
+        auto r = test::run_command(args);
+        INFO(r.err);
+        CHECK(r.status == 0);
+        CHECK(r.out == test::read_file(test::shared_file("fixtures/" + fc.name + ".txt")));
+        CHECK(test::read_file(ids) == test::read_file(test::shared_file("fixtures/" + fc.name + ".ids")));
+        CHECK_THAT(r.err, Catch::Contains("achieved tok/s:"));
+      }
+    }
+  }
+}
+
+TEST_CASE("cellshard run: bad inputs exit 1 with their own message", "[cli][errors]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("cli-errors");
+  const std::string model = test::shared_file("models/stories260K.bin");
+  const std::string tok = test::shared_file("models/tok512.bin");
+  auto bytes = test::read_file(model);
+  auto run = [&](const std::string& m, const std::string& z) {
+    return test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "8", "-t", "0"});
+  };
+  SECTION("truncated model") {
+    const std::string p = dir + "/truncated.bin";
+    std::ofstream(p, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    auto r = run(p, tok);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Catch::Contains(p) && Catch::Contains("truncated") &&
+                          Catch::Contains("expected 1056540 bytes"));
+  }
+  SECTION("corrupt header") {
+    const std::string p = dir + "/corrupt.bin";
+    std::string b = bytes;
+    b[12] = '\x07';  // n_heads 8 -> 7: dim 64 is no longer divisible
+    std::ofstream(p, std::ios::binary) << b;
+    auto r = run(p, tok);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Catch::Contains(p) && Catch::Contains("n_heads 7"));
+  }
+  SECTION("tokenizer of another vocabulary") {
+    auto r = run(model, test::shared_file("models/tokenizer.bin"));
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Catch::Contains("32000 tokens") && Catch::Contains("vocab_size 512"));
+  }
+  SECTION("missing model file") {
+    auto r = run(dir + "/nope.bin", tok);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Catch::Contains(dir + "/nope.bin") && Catch::Contains("No such file"));
+  }
+  SECTION("default tokenizer beside the model is missing") {
+    const std::string p = dir + "/alone.bin";
+    std::ofstream(p, std::ios::binary) << bytes;
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", p, "-n", "4"});
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Catch::Contains(dir + "/tokenizer.bin"));
+  }
+  SECTION("unknown backend is a usage error") {
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", model, "-z", tok, "--kernels", "gpu"});
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, Catch::Contains("gpu") && Catch::Contains("reference"));
+  }
+  SECTION("no crash on any of them") {
+    auto r = test::run_command({test::cellshard_bin(), "run", "--bogus-flag"});
+    CHECK(r.status == 2);
+  }
+}
+
+TEST_CASE("run --expect-ids reports the first differing position and exits 3", "[cli]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("cli-expect");
+  auto want = test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids"));
+  want[17] += 1;
+  std::ofstream(dir + "/wrong.ids") << [&] {
+    std::string s;
+    for (size_t i = 0; i < want.size(); ++i) s += (i ? "," : "") + std::to_string(want[i]);
+    return s + "\n";
+  }();
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m",
+                              test::shared_file("models/stories260K.bin"), "-z",
+                              test::shared_file("models/tok512.bin"), "-t", "0", "-n", "200",
+                              "--expect-ids", dir + "/wrong.ids", "--json", dir + "/r.json"});
+  CHECK(r.status == 3);
+  CHECK_THAT(r.err, Catch::Contains("position 17"));
+  CHECK_THAT(test::read_file(dir + "/r.json"), Catch::Contains("\"diverged\": true"));
+}
+
+TEST_CASE("run without -m uses the built-in synthetic model and says so", "[cli][default]") {
+  auto r = test::run_command({"/usr/bin/env", "CELLSHARD_MODELS=/nonexistent", test::cellshard_bin(),
+                              "run", "-n", "16", "-t", "0"});
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("built-in synthetic"));
+  if (!test::have_shared()) return;
+  auto r2 = test::run_command({"/usr/bin/env", std::string("CELLSHARD_MODELS=") + CELLSHARD_SHARED_DIR + "/models",
+                               test::cellshard_bin(), "run", "-n", "200", "-t", "0"});
+  CHECK(r2.status == 0);
+  CHECK_THAT(r2.err, Catch::Contains("stories260K.bin"));
+  CHECK(r2.out == test::read_file(test::shared_file("fixtures/greedy_bos_n200.txt")));
+}
+
+TEST_CASE("cellshard synth writes the same bytes for the same seed and they generate", "[cli][synth]") {
+  const std::string dir = test::temp_dir("cli-synth");
+  auto s = [&](const std::string& out, const std::string& seed) {
+    return test::run_command({test::cellshard_bin(), "synth", "--config", "custom", "--dim", "48",
+                              "--hidden", "96", "--layers", "3", "--heads", "6", "--kv-heads", "2",
+                              "--vocab", "300", "--seq-len", "64", "-s", seed, "-o", out});
+  };
+  REQUIRE(s(dir + "/a.bin", "5").status == 0);
+  REQUIRE(s(dir + "/b.bin", "5").status == 0);
+  REQUIRE(s(dir + "/c.bin", "6").status == 0);
+  const auto a = test::read_file(dir + "/a.bin");
+  CHECK(a == test::read_file(dir + "/b.bin"));
+  CHECK(a != test::read_file(dir + "/c.bin"));
+  // A byte-level tokenizer file of the same vocabulary makes it runnable.
+  auto tok = model::tokenizer::byte_level(300)->to_bytes();
+  std::ofstream(dir + "/tokenizer.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(tok.data()), tok.size());
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", dir + "/a.bin", "-n", "20", "-t", "0",
+                              "--ids-out", dir + "/a.ids"});
+  CHECK(r.status == 0);
+  const std::string ids = test::read_file(dir + "/a.ids");
+  CHECK(std::count(ids.begin(), ids.end(), ',') == 20);  // BOS + 20 tokens
+  auto bad = test::run_command({test::cellshard_bin(), "synth", "--config", "custom", "--dim", "50",
+                                "--heads", "8", "-o", dir + "/x.bin"});
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("dim 50"));
+}

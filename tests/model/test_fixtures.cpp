@@ -1,0 +1,39 @@
+// Every llama2.c fixture, reproduced in process by the single-node engine with
+// each kernel backend: ids and printed text identical.
+#include "kernels/backend.hpp"
+#include "model/generate.hpp"
+#include "model/transformer.hpp"
+#include "tests/support.hpp"
+
+using namespace cellshard;
+
+TEST_CASE("engine reproduces every llama2.c fixture with each backend", "[model][fixtures]") {
+  const std::string mpath = test::shared_file("models/stories260K.bin");
+  if (mpath.empty()) return;
+  auto file = model::model_file::open(mpath);
+  REQUIRE(file.ok());
+  auto tok = model::tokenizer::open(test::shared_file("models/tok512.bin"));
+  REQUIRE(tok.ok());
+  auto w = model::shard_weights::make(*file, model::slice_spec::whole((*file)->cfg()));
+  REQUIRE(w.ok());
+  for (const char* be_name : {"reference", "blas"}) {
+    const kernels::backend* be = kernels::find_backend(be_name);
+    REQUIRE(be != nullptr);
+    for (const auto& fc : test::fixture_cases()) {
+      DYNAMIC_SECTION(be_name << " " << fc.name) {
+        model::engine eng(*w, *be);
+        model::generation_params gp;
+        gp.prompt = fc.prompt;
+        gp.steps = fc.steps;
+        gp.sampling = {fc.temperature, fc.topp, fc.seed ? fc.seed : 1};
+        auto res = model::generate(
+            [&](int t, int p) -> result<const float*> { return eng.forward(t, p); }, **tok,
+            (*file)->cfg().vocab_size, gp, nullptr);
+        REQUIRE(res.ok());
+        const auto want = test::read_ids(test::shared_file("fixtures/" + fc.name + ".ids"));
+        CHECK(res->ids == want);
+        CHECK(res->text + "\n" == test::read_file(test::shared_file("fixtures/" + fc.name + ".txt")));
+      }
+    }
+  }
+}
