@@ -1,0 +1,463 @@
+// Placement: strategies, limits, spares, placement-index order, memory model
+// (checked against model::config's own counts and hand-worked q8_0 sizes),
+// the memory-fit error text and the --print-placement table.
+#include "topologies/placement.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <numeric>
+
+using namespace cellshard;
+using namespace cellshard::topologies;
+
+namespace {
+
+model::config stories260k() {
+  model::config c;
+  c.dim = 64;
+  c.hidden_dim = 172;
+  c.n_layers = 5;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.vocab_size = 512;
+  c.seq_len = 512;
+  c.shared_classifier = true;
+  return c;
+}
+
+model::config stories110m() {
+  model::config c;
+  c.dim = 768;
+  c.hidden_dim = 2048;
+  c.n_layers = 12;
+  c.n_heads = 12;
+  c.n_kv_heads = 12;
+  c.vocab_size = 32000;
+  c.seq_len = 1024;
+  c.shared_classifier = true;
+  return c;
+}
+
+std::vector<range> layers_of(const placement& p) {
+  std::vector<range> out;
+  for (const auto& s : p.stages) out.push_back(s.layers);
+  return out;
+}
+
+std::vector<int> layer_counts(const placement& p) {
+  std::vector<int> out;
+  for (const auto& s : p.stages) out.push_back(s.layers.size());
+  return out;
+}
+
+placement must(result<placement> r) {
+  if (!r) FAIL(r.message());
+  return std::move(r).value();
+}
+
+std::string mib(uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE("one node holds the whole model: memory equals the config's own counts", "[placement]") {
+  const auto cfg = stories260k();
+  const auto p = must(place(cfg, make_nodes(1, host_profile()), {strategy_kind::pipeline}));
+  REQUIRE(p.shards.size() == 1);
+  const shard& s = p.shards[0];
+  CHECK(s.layers == range{0, 5});
+  CHECK(s.heads == range{0, 8});
+  CHECK(s.kv_heads == range{0, 4});
+  CHECK(s.ffn == range{0, 172});
+  CHECK(s.has_embedding);
+  CHECK(s.has_classifier);
+  CHECK(s.memory.weights == cfg.total_params() * 4);
+  CHECK(s.memory.kv_cache == cfg.kv_cache_bytes(512));
+  // x, xb, xb2, message in/out, q, k, v, att[8 x 512], hb, hb2, logits.
+  CHECK(s.memory.buffers == 4u * (5 * 64 + 64 + 2 * 32 + 8 * 512 + 2 * 172 + 512));
+  CHECK(p.options.context == 512);
+  REQUIRE(p.steps.size() == 2);
+  CHECK(p.steps[0].kind == exchange_kind::token_to_embedding);
+  CHECK(p.steps[0].to == std::vector<int>{0});
+  CHECK(p.steps[1].kind == exchange_kind::logits_to_session);
+  CHECK(p.steps[1].from == std::vector<int>{0});
+  CHECK(p.steps[1].to.empty());
+  CHECK(p.steps[1].bytes_per_position == 512 * 4);
+  CHECK(p.spares.empty());
+
+  // An unshared classifier is a second table.
+  auto unshared = cfg;
+  unshared.shared_classifier = false;
+  const auto q = must(place(unshared, make_nodes(1, host_profile()), {strategy_kind::tensor}));
+  CHECK(q.shards[0].memory.weights == unshared.total_params() * 4);
+}
+
+TEST_CASE("pipeline: stories260K on 8 nodes is 5 stages and 3 spares", "[placement]") {
+  const auto p = must(place(stories260k(), make_nodes(8, host_profile()), {strategy_kind::pipeline}));
+  CHECK(p.strat.stages == 5);
+  CHECK(p.strat.tp == 1);
+  REQUIRE(p.shards.size() == 5);
+  for (int i = 0; i < 5; ++i) {
+    const shard& s = p.shards[static_cast<size_t>(i)];
+    CHECK(s.index == i);
+    CHECK(s.node == i);
+    CHECK(s.stage == i);
+    CHECK(s.rank == 0);
+    CHECK(s.group_size == 1);
+    CHECK(s.layers == range{i, i + 1});
+    CHECK(s.has_embedding == (i == 0));
+    CHECK(s.has_classifier == (i == 4));
+    CHECK(s.heads == range{0, 8});
+  }
+  REQUIRE(p.spares.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(p.spares[static_cast<size_t>(i)].index == 5 + i);
+    CHECK(p.spares[static_cast<size_t>(i)].node == 5 + i);
+  }
+  CHECK(p.size() == 8);
+  CHECK(*p.node_of(6) == 6);
+  CHECK(*p.node_of(2) == 2);
+  CHECK(p.node_of(8).message() == "placement index 8 out of range (placement has 8: 5 shards, 3 spares)");
+  // token, 4 sends, logits
+  REQUIRE(p.steps.size() == 6);
+  for (int i = 0; i < 4; ++i) {
+    const auto& st = p.steps[static_cast<size_t>(1 + i)];
+    CHECK(st.kind == exchange_kind::send_activations);
+    CHECK(st.from == std::vector<int>{i});
+    CHECK(st.to == std::vector<int>{i + 1});
+    CHECK(st.bytes_per_position == 64 * 4);
+  }
+  CHECK(p.steps[5].from == std::vector<int>{4});
+}
+
+TEST_CASE("pipeline: balanced layer counts", "[placement]") {
+  // 5 layers over 3 equal nodes: the extra layers go to the middle stage,
+  // then to stage 0 (the classifier stage carries more work).
+  auto p = must(place(stories260k(), make_nodes(3, host_profile()), {strategy_kind::pipeline}));
+  CHECK(layers_of(p) == std::vector<range>{{0, 2}, {2, 4}, {4, 5}});
+  p = must(place(stories260k(), make_nodes(2, host_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{3, 2});
+  p = must(place(stories260k(), make_nodes(4, host_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{1, 2, 1, 1});
+  // Equal nodes, L % S == 0: equal counts.
+  p = must(place(stories110m(), make_nodes(4, host_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{3, 3, 3, 3});
+  p = must(place(stories110m(), make_nodes(5, host_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{2, 3, 3, 2, 2});
+  p = must(place(stories110m(), make_nodes(8, host_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{1, 2, 2, 2, 2, 1, 1, 1});
+  // Explicit stage count; the rest are spares.
+  p = must(place(stories260k(), make_nodes(8, host_profile()), {strategy_kind::pipeline, 3, 1}));
+  CHECK(layer_counts(p) == std::vector<int>{2, 2, 1});
+  CHECK(p.spares.size() == 5);
+  CHECK(p.spares.front().index == 3);
+}
+
+TEST_CASE("pipeline: nodes with less memory get fewer layers", "[placement]") {
+  std::vector<node_spec> nodes{{0, rpi5_profile(), false}, {1, ps3_profile(), false}, {2, rpi5_profile(), false}};
+  auto p = must(place(stories110m(), nodes, {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{6, 1, 5});
+
+  // 14 layers over 3 PS3s: an even split (5,5,4) does not fit stage 0, which
+  // also holds the embedding table (93.75 MiB), so its layers move to the
+  // middle stage.
+  auto cfg = stories110m();
+  cfg.n_layers = 14;
+  const auto even = split_weighted(14, {1, 1, 1}, {}, {1, 0, 5});
+  REQUIRE(even);
+  CHECK(even->at(0).size() == 5);
+  p = must(place(cfg, make_nodes(3, ps3_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{4, 6, 4});
+  CHECK(p.fits());
+}
+
+TEST_CASE("pipeline limits", "[placement]") {
+  const auto cfg = stories260k();
+  auto r = place(cfg, make_nodes(8, host_profile()), {strategy_kind::pipeline, 6, 1});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "pipeline of 6 stages exceeds the model's 5 layers");
+  r = place(cfg, make_nodes(3, host_profile()), {strategy_kind::pipeline, 4, 1});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "pipeline of 4 stages needs 4 nodes, 3 available");
+  r = place(cfg, make_nodes(0, host_profile(), 2), {strategy_kind::pipeline});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "no node to place the model on (2 nodes, all spares)");
+  std::vector<node_spec> dup{{0, host_profile(), false}, {0, host_profile(), false}};
+  CHECK_FALSE(place(cfg, dup, {strategy_kind::pipeline}));
+}
+
+TEST_CASE("tensor: uneven head and FFN slices over 3 shards", "[placement]") {
+  const auto cfg = stories260k();
+  const auto p = must(place(cfg, make_nodes(3, host_profile()), {strategy_kind::tensor}));
+  CHECK(p.strat.tp == 3);
+  CHECK(p.strat.stages == 1);
+  REQUIRE(p.shards.size() == 3);
+  const std::vector<range> kv{{0, 2}, {2, 3}, {3, 4}}, heads{{0, 4}, {4, 6}, {6, 8}},
+      ffn{{0, 58}, {58, 115}, {115, 172}};
+  for (int r = 0; r < 3; ++r) {
+    const shard& s = p.shards[static_cast<size_t>(r)];
+    CHECK(s.index == r);
+    CHECK(s.rank == r);
+    CHECK(s.stage == 0);
+    CHECK(s.group_size == 3);
+    CHECK(s.layers == range{0, 5});
+    CHECK(s.kv_heads == kv[static_cast<size_t>(r)]);
+    CHECK(s.heads == heads[static_cast<size_t>(r)]);
+    CHECK(s.ffn == ffn[static_cast<size_t>(r)]);
+    CHECK(s.has_embedding == (r == 0));
+    CHECK(s.has_classifier == (r == 0));
+  }
+  // The slices add up to the whole model; each rank keeps its own copy of the
+  // layer norms (2 x dim per layer).
+  uint64_t weights = 0, kv_bytes = 0;
+  for (const auto& s : p.shards) {
+    weights += s.memory.weights;
+    kv_bytes += s.memory.kv_cache;
+  }
+  CHECK(weights == cfg.total_params() * 4 + 2 * 5 * 64 * 4 * 2);
+  CHECK(kv_bytes == cfg.kv_cache_bytes(512));
+
+  // Steps: token, broadcast of x, 2 all-reduces per layer, logits.
+  REQUIRE(p.steps.size() == 13);
+  CHECK(p.steps[0].to == std::vector<int>{0});
+  CHECK(p.steps[1].kind == exchange_kind::broadcast_embedding);
+  CHECK(p.steps[1].from == std::vector<int>{0});
+  CHECK(p.steps[1].to == std::vector<int>{1, 2});
+  for (int l = 0; l < 5; ++l) {
+    const auto& a = p.steps[static_cast<size_t>(2 + 2 * l)];
+    const auto& f = p.steps[static_cast<size_t>(3 + 2 * l)];
+    CHECK(a.kind == exchange_kind::all_reduce_attention);
+    CHECK(f.kind == exchange_kind::all_reduce_ffn);
+    CHECK(a.layer == l);
+    CHECK(f.layer == l);
+    CHECK(a.from == std::vector<int>{0, 1, 2});
+    CHECK(a.to == std::vector<int>{0, 1, 2});
+    CHECK(a.bytes_per_position == 64 * 4);
+  }
+  CHECK(p.steps[12].kind == exchange_kind::logits_to_session);
+  CHECK(to_string(p.steps[2]) == "all-reduce after attention, layer 0, over [0,1,2] (256 B)");
+  CHECK(to_string(p.steps[1]) == "broadcast embedding: [0] -> [1,2] (256 B)");
+}
+
+TEST_CASE("tensor: group width, limits and spares", "[placement]") {
+  const auto cfg = stories260k();
+  auto p = must(place(cfg, make_nodes(8, host_profile()), {strategy_kind::tensor}));
+  CHECK(p.strat.tp == 4);
+  CHECK(p.shards.size() == 4);
+  CHECK(p.spares.size() == 4);
+  for (int r = 0; r < 4; ++r) CHECK(p.shards[static_cast<size_t>(r)].heads == range{2 * r, 2 * r + 2});
+  auto r = place(cfg, make_nodes(8, host_profile()), {strategy_kind::tensor, 1, 5});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "tensor group of 5 exceeds the model's 4 KV heads");
+  r = place(cfg, make_nodes(2, host_profile()), {strategy_kind::tensor, 1, 3});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "tensor group of 3 needs 3 nodes, 2 available");
+
+  // stories110m: 12 KV heads (= heads) over 5, 2048 FFN units over 5.
+  p = must(place(stories110m(), make_nodes(5, host_profile()), {strategy_kind::tensor}));
+  std::vector<int> kv, f;
+  for (const auto& s : p.shards) {
+    kv.push_back(s.kv_heads.size());
+    f.push_back(s.ffn.size());
+    CHECK(s.heads == s.kv_heads);  // kv_mul 1
+  }
+  CHECK(kv == std::vector<int>{3, 3, 2, 2, 2});
+  CHECK(f == std::vector<int>{410, 410, 410, 409, 409});
+
+  // A spare in the middle of the spec is skipped; placement indices stay
+  // shard-first, spares last.
+  std::vector<node_spec> nodes{{10, host_profile(), false}, {11, host_profile(), true}, {12, host_profile(), false},
+                               {13, host_profile(), false}};
+  p = must(place(cfg, nodes, {strategy_kind::tensor}));
+  REQUIRE(p.shards.size() == 3);
+  CHECK(p.shards[0].node == 10);
+  CHECK(p.shards[1].node == 12);
+  CHECK(p.shards[2].node == 13);
+  REQUIRE(p.spares.size() == 1);
+  CHECK(p.spares[0].index == 3);
+  CHECK(p.spares[0].node == 11);
+  CHECK(*p.node_of(3) == 11);
+}
+
+TEST_CASE("hybrid: stages of TP groups, stage-major placement indices", "[placement]") {
+  const auto cfg = stories260k();
+  const auto p = must(place(cfg, make_nodes(5, host_profile()), {strategy_kind::hybrid, 2, 2}));
+  REQUIRE(p.shards.size() == 4);
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].layers == range{0, 3});
+  CHECK(p.stages[1].layers == range{3, 5});
+  CHECK(p.stages[0].shards == std::vector<int>{0, 1});
+  CHECK(p.stages[1].shards == std::vector<int>{2, 3});
+  const int stage_of[] = {0, 0, 1, 1}, rank_of[] = {0, 1, 0, 1};
+  for (int i = 0; i < 4; ++i) {
+    const shard& s = p.shards[static_cast<size_t>(i)];
+    CHECK(s.index == i);
+    CHECK(s.node == i);
+    CHECK(s.stage == stage_of[i]);
+    CHECK(s.rank == rank_of[i]);
+    CHECK(s.kv_heads == range{2 * s.rank, 2 * s.rank + 2});
+    CHECK(s.ffn == range{86 * s.rank, 86 * s.rank + 86});
+  }
+  CHECK(p.shards[0].has_embedding);
+  CHECK_FALSE(p.shards[1].has_embedding);
+  CHECK(p.shards[2].has_classifier);
+  CHECK_FALSE(p.shards[0].has_classifier);
+  REQUIRE(p.spares.size() == 1);
+  CHECK(p.spares[0].index == 4);
+
+  // token, broadcast, 3 x 2 all-reduces, send, 2 x 2 all-reduces, logits
+  REQUIRE(p.steps.size() == 1 + 1 + 6 + 1 + 4 + 1);
+  const auto& send = p.steps[8];
+  CHECK(send.kind == exchange_kind::send_activations);
+  CHECK(send.from == std::vector<int>{0});
+  CHECK(send.to == std::vector<int>{2, 3});
+  CHECK(p.steps[9].from == std::vector<int>{2, 3});
+  CHECK(p.steps[9].layer == 3);
+  CHECK(p.steps.back().from == std::vector<int>{2});
+
+  auto r = place(cfg, make_nodes(4, host_profile()), {strategy_kind::hybrid, 3, 2});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "hybrid:3x2 needs 6 nodes, 4 available");
+  r = place(cfg, make_nodes(8, host_profile()), {strategy_kind::hybrid, 6, 1});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "hybrid:6x1: pipeline of 6 stages exceeds the model's 5 layers");
+  r = place(cfg, make_nodes(8, host_profile()), {strategy_kind::hybrid, 1, 5});
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "hybrid:1x5: tensor group of 5 exceeds the model's 4 KV heads");
+}
+
+TEST_CASE("memory: q8_0 sizes are ggml blocks", "[placement]") {
+  const auto cfg = stories260k();
+  placement_options o;
+  o.weights = weight_format::q8_0();
+  const auto p = must(place(cfg, make_nodes(1, host_profile()), {strategy_kind::pipeline}, o));
+  // dim 64 = 2 blocks = 68 B per row; 172 columns = 6 blocks = 204 B per row.
+  const uint64_t per_layer = 64 * 68        // wq
+                             + 2 * 32 * 68  // wk, wv
+                             + 64 * 68      // wo
+                             + 2 * 172 * 68 // w1, w3
+                             + 64 * 204     // w2
+                             + 2 * 64 * 4;  // norms (f32)
+  CHECK(p.shards[0].memory.weights == 5 * per_layer + 512 * 68 + 64 * 4);
+  CHECK(p.shards[0].memory.kv_cache == cfg.kv_cache_bytes(512));
+  CHECK(weight_format::f32().row_bytes(10) == 40);
+  CHECK(weight_format::q8_0().row_bytes(33) == 68);
+  CHECK(find_weight_format("q8_0")->block == 32);
+  CHECK_FALSE(find_weight_format("q4_0"));
+}
+
+TEST_CASE("memory: context and sessions scale the KV cache", "[placement]") {
+  const auto cfg = stories260k();
+  placement_options o;
+  o.context = 256;
+  o.sessions = 3;
+  const auto p = must(place(cfg, make_nodes(1, host_profile()), {strategy_kind::pipeline}, o));
+  CHECK(p.shards[0].memory.kv_cache == 3 * cfg.kv_cache_bytes(256));
+  o.context = 1024;
+  const auto r = place(cfg, make_nodes(1, host_profile()), {strategy_kind::pipeline}, o);
+  REQUIRE_FALSE(r);
+  CHECK(r.message() == "context of 1024 positions exceeds the model's seq_len 512");
+  o.context = 0;
+  o.sessions = 0;
+  CHECK_FALSE(place(cfg, make_nodes(1, host_profile()), {strategy_kind::pipeline}, o));
+}
+
+TEST_CASE("ps3: what fits in 256 MiB", "[placement]") {
+  // stories260K fits one PS3 many times over.
+  auto p = must(place(stories260k(), make_nodes(1, ps3_profile()), {strategy_kind::pipeline}));
+  CHECK(p.fits());
+
+  const auto cfg = stories110m();
+  // stories110m f32: 3 PS3s (4 layers each) fit, 2 do not.
+  p = must(place(cfg, make_nodes(3, ps3_profile()), {strategy_kind::pipeline}));
+  CHECK(layer_counts(p) == std::vector<int>{4, 4, 4});
+  for (const auto& s : p.shards) CHECK(s.memory.total() <= 256ull << 20);
+
+  const auto r = place(cfg, make_nodes(2, ps3_profile()), {strategy_kind::pipeline});
+  REQUIRE_FALSE(r);
+  // Independent arithmetic: 6 layers each; stage 0 holds the embedding table,
+  // stage 1 the final norm and its own copy of the (shared) classifier.
+  const uint64_t layer = cfg.layer_params() * 4, table = 32000ull * 768 * 4;
+  const uint64_t kv = cfg.kv_cache_bytes(1024) / 2;  // half the layers
+  const uint64_t buf0 = 4ull * (5 * 768 + 768 + 2 * 768 + 12 * 1024 + 2 * 2048);
+  const uint64_t w0 = 6 * layer + table, w1 = 6 * layer + 768 * 4 + table;
+  const uint64_t buf1 = buf0 + 32000 * 4;
+  const std::string line0 = "node 0 (ps3, 256 MiB): shard needs " + mib(w0 + kv + buf0) + " (weights " + mib(w0) +
+                            " + KV cache " + mib(kv) + " + buffers " + mib(buf0) +
+                            "); placement index 0: stage 0, layers [0,6)";
+  const std::string line1 = "node 1 (ps3, 256 MiB): shard needs " + mib(w1 + kv + buf1) + " (weights " + mib(w1) +
+                            " + KV cache " + mib(kv) + " + buffers " + mib(buf1) +
+                            "); placement index 1: stage 1, layers [6,12)";
+  CHECK(line0 == "node 0 (ps3, 256 MiB): shard needs 291.9 MiB (weights 255.8 MiB + KV cache 36.0 MiB + buffers "
+                 "0.1 MiB); placement index 0: stage 0, layers [0,6)");
+  CHECK(r.message() ==
+        "placement pipeline:2 does not fit in memory (2 shards over budget; context 1024 x 1 session, f32 weights):\n  " +
+            line0 + "\n  " + line1);
+
+  // The same two PS3s hold it in q8_0.
+  placement_options q8;
+  q8.weights = weight_format::q8_0();
+  p = must(place(cfg, make_nodes(2, ps3_profile()), {strategy_kind::pipeline}, q8));
+  CHECK(p.fits());
+
+  // A tighter --memory budget (here 120 MiB) on one PS3: only the failing node is listed.
+  auto nodes = make_nodes(3, ps3_profile());
+  nodes[2].prof.memory_bytes = 120ull << 20;
+  const auto tight = place(cfg, nodes, {strategy_kind::pipeline});
+  REQUIRE_FALSE(tight);
+  CHECK_THAT(tight.message(), Catch::Contains("(1 shard over budget;"));
+  CHECK_THAT(tight.message(), Catch::Contains("node 2 (ps3, 120 MiB): shard needs"));
+  CHECK_THAT(tight.message(), !Catch::Contains("node 0 ("));
+
+  // Without the check the placement comes back, marked.
+  placement_options lax;
+  lax.check_memory = false;
+  p = must(place(cfg, make_nodes(2, ps3_profile()), {strategy_kind::pipeline}, lax));
+  CHECK_FALSE(p.fits());
+  CHECK_FALSE(check_memory(p));
+  CHECK_THAT(to_string(p), Catch::Contains("DOES NOT FIT"));
+}
+
+TEST_CASE("parse_strategy", "[placement]") {
+  auto s = parse_strategy("pipeline");
+  REQUIRE(s);
+  CHECK(s->kind == strategy_kind::pipeline);
+  CHECK(s->stages == 0);
+  s = parse_strategy("tensor:3");
+  REQUIRE(s);
+  CHECK(s->kind == strategy_kind::tensor);
+  CHECK(s->tp == 3);
+  s = parse_strategy("hybrid:2x3");
+  REQUIRE(s);
+  CHECK(s->kind == strategy_kind::hybrid);
+  CHECK(s->stages == 2);
+  CHECK(s->tp == 3);
+  CHECK(to_string(*s) == "hybrid:2x3");
+  for (const char* bad : {"hybrid", "hybrid:2", "hybrid:0x2", "hybrid:2x", "mesh", "pipeline:0", "tensor:x", ""}) {
+    INFO(bad);
+    CHECK_FALSE(parse_strategy(bad));
+  }
+  CHECK_THAT(parse_strategy("expert").message(), Catch::Contains("plan"));
+}
+
+TEST_CASE("print-placement table: every index, spares last", "[placement]") {
+  const auto p = must(place(stories260k(), make_nodes(4, host_profile(), 1), {strategy_kind::hybrid, 2, 2}));
+  const std::string text = to_string(p);
+  INFO(text);
+  CHECK_THAT(text, Catch::StartsWith("placement hybrid:2x2: 2 stages x 2 = 4 shards, 1 spare\n"));
+  CHECK_THAT(text, Catch::Contains("index  node  profile  role"));
+  CHECK_THAT(text, Catch::Contains("stage 1 / tp rank 1"));
+  CHECK_THAT(text, Catch::Contains("embedding"));
+  CHECK_THAT(text, Catch::Contains("classifier"));
+  CHECK_THAT(text, Catch::Contains("send activations, stage 0 -> 1: [0] -> [2,3]"));
+  CHECK_THAT(text, Catch::Contains("logits to session: [2] -> session (2048 B)"));
+  const auto rank3 = text.find("stage 1 / tp rank 1");
+  const auto spare = text.find("\n4  ");
+  REQUIRE(rank3 != std::string::npos);
+  REQUIRE(spare != std::string::npos);
+  CHECK(rank3 < spare);
+}

@@ -1,0 +1,532 @@
+// topologies/placement.cpp: place(), the memory model and the placement table.
+#include "topologies/placement.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace cellshard::topologies {
+
+namespace {
+
+std::string plural(int n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+bool parse_int(std::string_view s, int& out) {
+  if (s.empty() || s.size() > 9) return false;
+  int v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  out = v;
+  return true;
+}
+
+result<void> check_config(const model::config& c) {
+  auto bad = [&](const std::string& what) {
+    return make_error("model config cannot be placed: " + what);
+  };
+  if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.vocab_size <= 0 || c.seq_len <= 0) {
+    return bad("dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size and seq_len must be positive");
+  }
+  if (c.dim % c.n_heads != 0) {
+    return bad("dim " + std::to_string(c.dim) + " is not a multiple of n_heads " + std::to_string(c.n_heads));
+  }
+  if (c.n_heads % c.n_kv_heads != 0) {
+    return bad("n_heads " + std::to_string(c.n_heads) + " is not a multiple of n_kv_heads " +
+               std::to_string(c.n_kv_heads));
+  }
+  return {};
+}
+
+int resolved_context(const model::config& cfg, const placement_options& o) {
+  return o.context > 0 ? o.context : cfg.seq_len;
+}
+
+// The shard layout of one stage before nodes and memory are attached.
+struct slice {
+  range kv, heads, ffn;
+};
+
+std::vector<slice> tp_slices(const model::config& cfg, int t) {
+  const auto kv = split_even(cfg.n_kv_heads, t);
+  const auto ffn = split_even(cfg.hidden_dim, t);
+  std::vector<slice> out;
+  for (int r = 0; r < t; ++r) {
+    const range k = kv[static_cast<size_t>(r)];
+    out.push_back(slice{k, range{k.begin * cfg.kv_mul(), k.end * cfg.kv_mul()}, ffn[static_cast<size_t>(r)]});
+  }
+  return out;
+}
+
+std::string role_of(const shard& s, const strategy& st) {
+  if (st.kind == strategy_kind::tensor) return "tp rank " + std::to_string(s.rank);
+  if (st.kind == strategy_kind::pipeline) return "stage " + std::to_string(s.stage);
+  return "stage " + std::to_string(s.stage) + " / tp rank " + std::to_string(s.rank);
+}
+
+std::string list_of(const std::vector<int>& v) {
+  if (v.empty()) return "session";
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+byte_unit report_unit(uint64_t bytes) {
+  const byte_unit u = natural_unit(bytes);
+  return u < byte_unit::mib ? byte_unit::mib : u;
+}
+
+std::string need_text(const shard& s) {
+  const byte_unit u = report_unit(s.memory.total());
+  return format_in(s.memory.total(), u) + " (weights " + format_in(s.memory.weights, u) + " + KV cache " +
+         format_in(s.memory.kv_cache, u) + " + buffers " + format_in(s.memory.buffers, u) + ")";
+}
+
+// Lays out a column table: every column as wide as its widest cell.
+std::string table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Strategy and formats
+
+result<strategy> parse_strategy(std::string_view text) {
+  const std::string t(text);
+  const auto colon = text.find(':');
+  const std::string_view head = text.substr(0, colon);
+  const std::string_view arg = colon == std::string_view::npos ? std::string_view{} : text.substr(colon + 1);
+  const std::string usage = "--topology '" + t + "': expected pipeline, pipeline:S, tensor, tensor:T or hybrid:PxT";
+  strategy s;
+  if (head == "pipeline" || head == "tensor") {
+    s.kind = head == "pipeline" ? strategy_kind::pipeline : strategy_kind::tensor;
+    if (colon != std::string_view::npos) {
+      int n = 0;
+      if (!parse_int(arg, n) || n < 1) return make_error(usage + " (S and T at least 1)");
+      (s.kind == strategy_kind::pipeline ? s.stages : s.tp) = n;
+    }
+    (s.kind == strategy_kind::pipeline ? s.tp : s.stages) = 1;
+    return s;
+  }
+  if (head == "hybrid") {
+    const auto x = arg.find('x');
+    int p = 0, tp = 0;
+    if (colon == std::string_view::npos || x == std::string_view::npos || !parse_int(arg.substr(0, x), p) ||
+        !parse_int(arg.substr(x + 1), tp) || p < 1 || tp < 1) {
+      return make_error(usage + " (hybrid needs P and T, both at least 1, e.g. hybrid:2x2)");
+    }
+    s.kind = strategy_kind::hybrid;
+    s.stages = p;
+    s.tp = tp;
+    return s;
+  }
+  if (head == "expert") {
+    return make_error("--topology expert: expert parallelism is modelled by `plan` only; run supports pipeline, "
+                      "tensor and hybrid:PxT");
+  }
+  return make_error(usage);
+}
+
+std::string to_string(const strategy& s) {
+  switch (s.kind) {
+    case strategy_kind::pipeline: return s.stages > 0 ? "pipeline:" + std::to_string(s.stages) : "pipeline";
+    case strategy_kind::tensor: return s.tp > 0 ? "tensor:" + std::to_string(s.tp) : "tensor";
+    case strategy_kind::hybrid: return "hybrid:" + std::to_string(s.stages) + "x" + std::to_string(s.tp);
+  }
+  return "?";
+}
+
+uint64_t weight_format::row_bytes(uint64_t cols) const {
+  const uint64_t b = static_cast<uint64_t>(std::max(block, 1));
+  const uint64_t padded = (cols + b - 1) / b * b;
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(padded) * bytes_per_weight - 1e-9));
+}
+
+result<weight_format> find_weight_format(std::string_view name) {
+  if (name == "f32") return weight_format::f32();
+  if (name == "q8_0") return weight_format::q8_0();
+  return make_error("unknown weight format '" + std::string(name) + "' (expected f32 or q8_0)");
+}
+
+std::vector<node_spec> make_nodes(int n, const profile& prof, int spares) {
+  std::vector<node_spec> out;
+  for (int i = 0; i < n + spares; ++i) out.push_back(node_spec{i, prof, i >= n});
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Memory
+
+memory_need shard_memory(const model::config& cfg, const placement_options& o, int n_layers, int n_heads,
+                         int n_kv_heads, int ffn_units, bool has_embedding, bool has_classifier) {
+  const uint64_t d = static_cast<uint64_t>(cfg.dim);
+  const uint64_t hs = static_cast<uint64_t>(cfg.head_size());
+  const uint64_t q_rows = static_cast<uint64_t>(n_heads) * hs;     // wq rows, wo cols
+  const uint64_t kv_rows = static_cast<uint64_t>(n_kv_heads) * hs;  // wk, wv rows
+  const uint64_t f = static_cast<uint64_t>(ffn_units);
+  const uint64_t v = static_cast<uint64_t>(cfg.vocab_size);
+  const uint64_t ctx = static_cast<uint64_t>(resolved_context(cfg, o));
+  const uint64_t sessions = static_cast<uint64_t>(std::max(o.sessions, 1));
+  const weight_format& w = o.weights;
+  constexpr uint64_t f32 = sizeof(float);
+
+  const uint64_t per_layer = q_rows * w.row_bytes(d)       // wq [q_rows x dim]
+                             + 2 * kv_rows * w.row_bytes(d)  // wk, wv [kv_rows x dim]
+                             + d * w.row_bytes(q_rows)       // wo [dim x q_rows]
+                             + 2 * f * w.row_bytes(d)        // w1, w3 [f x dim]
+                             + d * w.row_bytes(f)            // w2 [dim x f]
+                             + 2 * d * f32;                  // rms_att, rms_ffn [dim]
+  const uint64_t table = v * w.row_bytes(d);                 // [vocab x dim]
+
+  memory_need m;
+  m.weights = static_cast<uint64_t>(n_layers) * per_layer;
+  if (has_embedding) m.weights += table;
+  if (has_classifier) m.weights += d * f32 + ((cfg.shared_classifier && has_embedding) ? 0 : table);
+  m.kv_cache = sessions * 2 * static_cast<uint64_t>(n_layers) * ctx * kv_rows * f32;
+  const uint64_t floats = 3 * d + 2 * d + q_rows + 2 * kv_rows + static_cast<uint64_t>(n_heads) * ctx + 2 * f +
+                          (has_classifier ? v : 0);
+  m.buffers = sessions * floats * f32;
+  return m;
+}
+
+result<void> check_memory(const placement& p) {
+  std::string lines;
+  int bad = 0;
+  for (const shard& s : p.shards) {
+    if (s.fits()) continue;
+    ++bad;
+    lines += "\n  node " + std::to_string(s.node) + " (" + s.profile + ", " + format_bytes(s.budget_bytes) +
+             "): shard needs " + need_text(s) + "; placement index " + std::to_string(s.index) + ": " +
+             role_of(s, p.strat) + ", layers " + to_string(s.layers);
+  }
+  if (bad == 0) return {};
+  return make_error("placement " + to_string(p.strat) + " does not fit in memory (" +
+                    plural(bad, "shard", "shards") + " over budget; context " +
+                    std::to_string(p.options.context) + " x " + plural(p.options.sessions, "session", "sessions") +
+                    ", " + p.options.weights.name + " weights):" + lines);
+}
+
+result<int> placement::node_of(int placement_index) const {
+  if (placement_index >= 0 && placement_index < static_cast<int>(shards.size())) {
+    return shards[static_cast<size_t>(placement_index)].node;
+  }
+  const int i = placement_index - static_cast<int>(shards.size());
+  if (placement_index >= 0 && i < static_cast<int>(spares.size())) return spares[static_cast<size_t>(i)].node;
+  return make_error("placement index " + std::to_string(placement_index) + " out of range (placement has " +
+                    std::to_string(size()) + ": " + plural(static_cast<int>(shards.size()), "shard", "shards") +
+                    ", " + plural(static_cast<int>(spares.size()), "spare", "spares") + ")");
+}
+
+bool placement::fits() const {
+  return std::all_of(shards.begin(), shards.end(), [](const shard& s) { return s.fits(); });
+}
+
+// ---------------------------------------------------------------------------
+// place()
+
+result<placement> place(const model::config& cfg, const std::vector<node_spec>& nodes, const strategy& strat,
+                        const placement_options& options) {
+  if (auto ok = check_config(cfg); !ok) return ok.err();
+  placement_options opt = options;
+  opt.context = resolved_context(cfg, options);
+  if (opt.context > cfg.seq_len) {
+    return make_error("context of " + std::to_string(opt.context) + " positions exceeds the model's seq_len " +
+                      std::to_string(cfg.seq_len));
+  }
+  if (opt.sessions < 1) return make_error("sessions must be at least 1, not " + std::to_string(opt.sessions));
+  if (!(opt.weights.bytes_per_weight > 0) || opt.weights.block < 1) {
+    return make_error("weight format '" + opt.weights.name + "' needs positive bytes per weight and block");
+  }
+
+  // Nodes that may hold shards, in spec order.
+  std::vector<const node_spec*> avail;
+  for (const node_spec& n : nodes) {
+    if (n.prof.memory_bytes == 0) {
+      return make_error("node " + std::to_string(n.index) + " (" + n.prof.name + ") has a memory budget of 0 bytes");
+    }
+    if (!n.spare) avail.push_back(&n);
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (size_t j = i + 1; j < nodes.size(); ++j) {
+      if (nodes[i].index == nodes[j].index) {
+        return make_error("node index " + std::to_string(nodes[i].index) + " appears twice in the node list");
+      }
+    }
+  }
+  const int n_avail = static_cast<int>(avail.size());
+  if (n_avail == 0) {
+    return make_error("no node to place the model on (" + plural(static_cast<int>(nodes.size()), "node", "nodes") +
+                      ", all spares)");
+  }
+  const std::string nodes_text = std::to_string(n_avail) + " available";
+
+  // Resolve P and T and check the limits (DESIGN.md "Limits of a split").
+  strategy st = strat;
+  const int L = cfg.n_layers, KV = cfg.n_kv_heads;
+  auto too_many_stages = [&](int p) {
+    return make_error((st.kind == strategy_kind::hybrid ? to_string(st) + ": " : std::string()) + "pipeline of " +
+                      plural(p, "stage", "stages") + " exceeds the model's " + plural(L, "layer", "layers"));
+  };
+  auto too_wide = [&](int t) {
+    return make_error((st.kind == strategy_kind::hybrid ? to_string(st) + ": " : std::string()) +
+                      "tensor group of " + std::to_string(t) + " exceeds the model's " +
+                      plural(KV, "KV head", "KV heads"));
+  };
+  switch (st.kind) {
+    case strategy_kind::pipeline:
+      st.tp = 1;
+      if (st.stages > L) return too_many_stages(st.stages);
+      if (st.stages > n_avail) {
+        return make_error("pipeline of " + plural(st.stages, "stage", "stages") + " needs " +
+                          plural(st.stages, "node", "nodes") + ", " + nodes_text);
+      }
+      if (st.stages <= 0) st.stages = std::min(L, n_avail);
+      break;
+    case strategy_kind::tensor:
+      st.stages = 1;
+      if (st.tp > KV) return too_wide(st.tp);
+      if (st.tp > n_avail) {
+        return make_error("tensor group of " + std::to_string(st.tp) + " needs " + plural(st.tp, "node", "nodes") +
+                          ", " + nodes_text);
+      }
+      if (st.tp <= 0) st.tp = std::min(KV, n_avail);
+      break;
+    case strategy_kind::hybrid:
+      if (st.stages < 1 || st.tp < 1) return make_error(to_string(st) + ": P and T must be at least 1");
+      if (st.stages > L) return too_many_stages(st.stages);
+      if (st.tp > KV) return too_wide(st.tp);
+      if (st.stages * st.tp > n_avail) {
+        return make_error(to_string(st) + " needs " + plural(st.stages * st.tp, "node", "nodes") + ", " + nodes_text);
+      }
+      break;
+  }
+  if (st.tp > cfg.hidden_dim) {
+    return make_error("tensor group of " + std::to_string(st.tp) + " exceeds the model's " +
+                      std::to_string(cfg.hidden_dim) + " FFN hidden units");
+  }
+  const int P = st.stages, T = st.tp;
+  const std::vector<slice> slices = tp_slices(cfg, T);
+  auto node_at = [&](int s, int r) -> const node_spec& { return *avail[static_cast<size_t>(s * T + r)]; };
+
+  // Layer ranges per stage: weight = the smallest budget in the stage's group,
+  // capacity = the layers every rank of the stage can hold.
+  std::vector<range> layer_ranges;
+  if (P == 1) {
+    layer_ranges.push_back(range{0, L});
+  } else {
+    std::vector<double> weight(static_cast<size_t>(P)), tie(static_cast<size_t>(P));
+    std::vector<int> capacity(static_cast<size_t>(P));
+    const double d = cfg.dim, v = cfg.vocab_size;
+    for (int s = 0; s < P; ++s) {
+      const bool first = s == 0, last = s == P - 1;
+      uint64_t min_budget = UINT64_MAX;
+      long long cap = L;
+      for (int r = 0; r < T; ++r) {
+        const node_spec& n = node_at(s, r);
+        const slice& sl = slices[static_cast<size_t>(r)];
+        const bool emb = first && r == 0, cls = last && r == 0;
+        const memory_need fixed =
+            shard_memory(cfg, opt, 0, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls);
+        const memory_need one =
+            shard_memory(cfg, opt, 1, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls);
+        const uint64_t per_layer = one.total() - fixed.total();
+        const uint64_t b = n.prof.memory_bytes;
+        const long long fit =
+            b > fixed.total() ? static_cast<long long>((b - fixed.total()) / std::max<uint64_t>(per_layer, 1)) : 0;
+        cap = std::min(cap, fit);
+        min_budget = std::min(min_budget, b);
+      }
+      weight[static_cast<size_t>(s)] = static_cast<double>(min_budget);
+      capacity[static_cast<size_t>(s)] = static_cast<int>(cap);
+      // Work per position beyond the layers (floats read): the embedding row
+      // on stage 0, final norm + classifier on the last stage.
+      tie[static_cast<size_t>(s)] = (first ? d : 0.0) + (last ? d + v * d : 0.0);
+    }
+    auto split = split_weighted(L, weight, capacity, tie);
+    if (!split) {
+      // Does not fit. Still place (the memory check then names the nodes):
+      // first with every stage allowed at least one layer, so that only nodes
+      // that cannot hold even that are reported, else ignoring capacities.
+      std::vector<int> at_least_one = capacity;
+      for (int& c : at_least_one) c = std::max(c, 1);
+      split = split_weighted(L, weight, at_least_one, tie);
+      if (!split) split = split_weighted(L, weight, {}, tie);
+    }
+    if (!split) return split.err();
+    layer_ranges = std::move(split.value());
+  }
+
+  placement p;
+  p.strat = st;
+  p.config = cfg;
+  p.options = opt;
+  std::vector<bool> used(nodes.size(), false);
+  for (int s = 0; s < P; ++s) {
+    stage sg;
+    sg.index = s;
+    sg.layers = layer_ranges[static_cast<size_t>(s)];
+    for (int r = 0; r < T; ++r) {
+      const node_spec& n = node_at(s, r);
+      used[static_cast<size_t>(&n - nodes.data())] = true;
+      const slice& sl = slices[static_cast<size_t>(r)];
+      shard sh;
+      sh.index = static_cast<int>(p.shards.size());
+      sh.node = n.index;
+      sh.profile = n.prof.name;
+      sh.budget_bytes = n.prof.memory_bytes;
+      sh.stage = s;
+      sh.rank = r;
+      sh.group_size = T;
+      sh.layers = sg.layers;
+      sh.has_embedding = s == 0 && r == 0;
+      sh.has_classifier = s == P - 1 && r == 0;
+      sh.kv_heads = sl.kv;
+      sh.heads = sl.heads;
+      sh.ffn = sl.ffn;
+      sh.memory = shard_memory(cfg, opt, sg.layers.size(), sl.heads.size(), sl.kv.size(), sl.ffn.size(),
+                               sh.has_embedding, sh.has_classifier);
+      sg.shards.push_back(sh.index);
+      p.shards.push_back(std::move(sh));
+    }
+    p.stages.push_back(std::move(sg));
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (used[i]) continue;
+    p.spares.push_back(spare_node{static_cast<int>(p.shards.size() + p.spares.size()), nodes[i].index,
+                                  nodes[i].prof.name, nodes[i].prof.memory_bytes});
+  }
+
+  // Exchange steps of one position, in execution order.
+  const uint64_t x_bytes = static_cast<uint64_t>(cfg.dim) * sizeof(float);
+  const std::vector<int>& first = p.stages.front().shards;
+  p.steps.push_back(exchange_step{exchange_kind::token_to_embedding, 0, -1, {}, {first[0]}, sizeof(int32_t)});
+  if (T > 1) {
+    p.steps.push_back(exchange_step{exchange_kind::broadcast_embedding, 0, -1, {first[0]},
+                                    std::vector<int>(first.begin() + 1, first.end()), x_bytes});
+  }
+  for (const stage& sg : p.stages) {
+    if (T > 1) {
+      for (int l = sg.layers.begin; l < sg.layers.end; ++l) {
+        p.steps.push_back(exchange_step{exchange_kind::all_reduce_attention, sg.index, l, sg.shards, sg.shards, x_bytes});
+        p.steps.push_back(exchange_step{exchange_kind::all_reduce_ffn, sg.index, l, sg.shards, sg.shards, x_bytes});
+      }
+    }
+    if (sg.index + 1 < P) {
+      p.steps.push_back(exchange_step{exchange_kind::send_activations, sg.index, -1, {sg.shards[0]},
+                                      p.stages[static_cast<size_t>(sg.index + 1)].shards, x_bytes});
+    }
+  }
+  p.steps.push_back(exchange_step{exchange_kind::logits_to_session, P - 1, -1, {p.stages.back().shards[0]}, {},
+                                  static_cast<uint64_t>(cfg.vocab_size) * sizeof(float)});
+
+  if (opt.check_memory) {
+    if (auto ok = check_memory(p); !ok) return ok.err();
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// Text
+
+std::string to_string(exchange_kind k) {
+  switch (k) {
+    case exchange_kind::token_to_embedding: return "token to embedding";
+    case exchange_kind::broadcast_embedding: return "broadcast embedding";
+    case exchange_kind::all_reduce_attention: return "all-reduce after attention";
+    case exchange_kind::all_reduce_ffn: return "all-reduce after FFN";
+    case exchange_kind::send_activations: return "send activations";
+    case exchange_kind::logits_to_session: return "logits to session";
+    case exchange_kind::count: break;
+  }
+  return "?";
+}
+
+std::string to_string(const exchange_step& s) {
+  std::string out = to_string(s.kind);
+  switch (s.kind) {
+    case exchange_kind::all_reduce_attention:
+    case exchange_kind::all_reduce_ffn:
+      out += ", layer " + std::to_string(s.layer) + ", over " + list_of(s.from);
+      break;
+    case exchange_kind::send_activations:
+      out += ", stage " + std::to_string(s.stage) + " -> " + std::to_string(s.stage + 1) + ": " + list_of(s.from) +
+             " -> " + list_of(s.to);
+      break;
+    default:
+      out += ": " + list_of(s.from) + " -> " + list_of(s.to);
+      break;
+  }
+  return out + " (" + std::to_string(s.bytes_per_position) + " B)";
+}
+
+std::string to_string(const placement& p) {
+  const model::config& c = p.config;
+  std::string out = "placement " + to_string(p.strat) + ": " + plural(static_cast<int>(p.stages.size()), "stage", "stages") +
+                    " x " + std::to_string(p.strat.tp) + " = " + plural(static_cast<int>(p.shards.size()), "shard", "shards") +
+                    ", " + plural(static_cast<int>(p.spares.size()), "spare", "spares") + "\n";
+  out += "model: dim " + std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
+         plural(c.n_layers, "layer", "layers") + ", " + plural(c.n_heads, "head", "heads") + ", " +
+         plural(c.n_kv_heads, "KV head", "KV heads") + ", vocab " + std::to_string(c.vocab_size) + "; context " +
+         std::to_string(p.options.context) + " x " + plural(p.options.sessions, "session", "sessions") + ", " +
+         p.options.weights.name + " weights\n";
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"index", "node", "profile", "role", "layers", "heads", "kv heads", "ffn units", "holds",
+                  "memory need / budget"});
+  for (const shard& s : p.shards) {
+    std::string holds = s.has_embedding ? "embedding" : "";
+    if (s.has_classifier) holds += std::string(holds.empty() ? "" : "+") + "classifier";
+    if (holds.empty()) holds = "-";
+    rows.push_back({std::to_string(s.index), std::to_string(s.node), s.profile, role_of(s, p.strat),
+                    to_string(s.layers), to_string(s.heads), to_string(s.kv_heads), to_string(s.ffn), holds,
+                    format_in(s.memory.total(), report_unit(s.memory.total())) + " / " +
+                        format_bytes(s.budget_bytes) + (s.fits() ? "" : "  DOES NOT FIT")});
+  }
+  for (const spare_node& s : p.spares) {
+    rows.push_back({std::to_string(s.index), std::to_string(s.node), s.profile, "spare", "-", "-", "-", "-", "-",
+                    "- / " + format_bytes(s.budget_bytes)});
+  }
+  out += table(rows);
+
+  // Exchanges per position, the per-layer all-reduces folded per stage.
+  out += "exchanges per position:\n";
+  for (size_t i = 0; i < p.steps.size(); ++i) {
+    const exchange_step& s = p.steps[i];
+    if (s.kind == exchange_kind::all_reduce_attention) {
+      const stage& sg = p.stages[static_cast<size_t>(s.stage)];
+      out += "  stage " + std::to_string(s.stage) + ", layers " + to_string(sg.layers) +
+             ": all-reduce after attention and after FFN over " + list_of(s.from) + " (" +
+             std::to_string(s.bytes_per_position) + " B from each rank, summed in rank order), " +
+             plural(2 * sg.layers.size(), "time", "times") + "\n";
+      while (i + 1 < p.steps.size() && (p.steps[i + 1].kind == exchange_kind::all_reduce_attention ||
+                                        p.steps[i + 1].kind == exchange_kind::all_reduce_ffn) &&
+             p.steps[i + 1].stage == s.stage) {
+        ++i;
+      }
+      continue;
+    }
+    out += "  " + to_string(s) + "\n";
+  }
+  return out;
+}
+
+}  // namespace cellshard::topologies

@@ -1,0 +1,238 @@
+// topologies/placement.hpp: the plan as data (STYLE.md item 4). A pure
+// function turns (model config, node specs, strategy, options) into a
+// placement: the shards with their layer ranges and head/FFN slices, the
+// stages in order, the exchange steps of one position, the spares, and the
+// memory each shard needs, checked against its node's budget before anything
+// is loaded. actors/ executes a placement; it decides nothing about splitting.
+//
+// Strategies (CLI.md `--topology`):
+// - pipeline: S stages, each one shard holding a contiguous layer range with
+//   all heads and FFN units. S = min(layers, nodes) unless given
+//   ("pipeline:S"). Layer counts follow split_weighted() with weight = node
+//   memory budget and capacity = the layers that fit in that budget: equal
+//   nodes get equal counts (floor/ceil when layers % S != 0, the extra layers
+//   going first to middle stages, then to stage 0, because stage 0 carries the
+//   embedding and the last stage the classifier); nodes with less memory get
+//   fewer layers.
+// - tensor: one stage, a tensor-parallel (TP) group of T shards; each holds,
+//   for every layer, a slice of the KV heads [kv0,kv1), the matching query
+//   heads [kv0*kv_mul, kv1*kv_mul) (wq, wk, wv by rows, wo by columns) and a
+//   slice of the FFN hidden units [f0,f1) (w1, w3 by rows, w2 by columns),
+//   split with split_even() (4 KV heads over 3 -> 2,1,1; 172 units -> 58,57,57).
+//   T = min(kv heads, nodes) unless given ("tensor:T").
+// - hybrid:PxT: P pipeline stages, each a TP group of T shards; layers split
+//   as for pipeline, with weight = the smallest budget in the group and
+//   capacity = the layers every rank of the group can hold.
+// Nodes are taken in node-spec order (spare-flagged ones skipped): stage s,
+// rank r -> the (s * T + r)-th available node.
+// Limits: stages <= layers, T <= KV heads, P*T <= available nodes, T <= FFN units.
+//
+// Where the embedding and the classifier live (every strategy): rank 0 of the
+// first stage holds the token embedding table; rank 0 of the last stage holds
+// the final RMSNorm and the classifier (with a shared classifier it keeps its
+// own copy of the table unless it is also the embedding holder). With T > 1
+// the embedding holder broadcasts x to the rest of its group (one dim-vector
+// per position) rather than every rank keeping a copy of the table: on a
+// 256 MiB node the table (vocab x dim) is the scarce thing, the message is not.
+// After a stage's last all-reduce every rank has x; rank 0 forwards it.
+//
+// Placement index (CLI.md `--fault node=N`): stage-major, then rank within the
+// TP group, spares last (shards.size() + position in `spares`).
+//
+// Memory of a shard (bytes; all matrices in options.weights' format, RMSNorm
+// vectors always f32, KV cache f32):
+//   weights = layers x (wq + wk + wv + wo + w1 + w2 + w3 slices + 2 norms)
+//             + embedding table (rank 0, first stage)
+//             + final norm + classifier (rank 0, last stage; shared classifier
+//               counted once when the same shard holds the embedding)
+//   KV cache = sessions x 2 x layers x context x (kv heads in shard x head_size) x 4
+//   buffers  = sessions x 4 x (3 dim + 2 dim message in/out + q + k + v
+//             + att (heads in shard x context) + 2 FFN slice + vocab if classifier)
+// For one shard holding everything in f32 this is config.total_params() x 4
+// weights and config.kv_cache_bytes(context) KV cache. q8_0 matrices are
+// counted as ggml blocks (34 bytes per 32 weights, each row of a slice padded
+// to whole blocks, i.e. a slice re-quantized on its own); the embedding table
+// is counted quantized too. Buffers assume one position per step (a prefill
+// batch of n positions needs about n x the activation part more).
+//
+// Thread safety: pure functions over values. Errors: cellshard::result with
+// messages that name the limit, the node and the numbers.
+#pragma once
+
+#include "model/config.hpp"
+#include "model/result.hpp"
+#include "topologies/profile.hpp"
+#include "topologies/split.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cellshard::topologies {
+
+// ---------------------------------------------------------------------------
+// Inputs
+
+enum class strategy_kind { pipeline, tensor, hybrid };
+
+/// A topology as `--topology` names it. 0 in `stages` or `tp` means "as many
+/// as the model and the nodes allow" (pipeline: tp = 1; tensor: stages = 1).
+struct strategy {
+  strategy_kind kind = strategy_kind::pipeline;
+  int stages = 0;  // P
+  int tp = 0;      // T: shards per stage
+};
+/// Parses "pipeline", "pipeline:S", "tensor", "tensor:T", "hybrid:PxT".
+/// "expert" is rejected here (the planner models it; no runtime placement).
+result<strategy> parse_strategy(std::string_view text);
+/// "pipeline", "pipeline:5", "tensor:4", "hybrid:2x2".
+std::string to_string(const strategy& s);
+
+/// How weight matrices are stored: bytes_per_weight for every weight, rows
+/// padded to whole blocks of `block` weights.
+struct weight_format {
+  std::string name = "f32";
+  double bytes_per_weight = 4.0;
+  int block = 1;
+  /// Bytes of one stored row of `cols` weights.
+  uint64_t row_bytes(uint64_t cols) const;
+  static weight_format f32() { return {"f32", 4.0, 1}; }
+  /// ggml Q8_0: 32 int8 + one f16 scale = 34 bytes per 32 weights (kernels/backend.hpp q8_block).
+  static weight_format q8_0() { return {"q8_0", 34.0 / 32.0, 32}; }
+};
+/// "f32" or "q8_0" (as `--weights`).
+result<weight_format> find_weight_format(std::string_view name);
+
+struct placement_options {
+  int context = 0;   // KV-cache positions per session; 0 = config.seq_len
+  int sessions = 1;  // concurrent sessions (batch), each with its own KV cache and buffers
+  weight_format weights = weight_format::f32();
+  /// When false, place() returns a placement even if shards exceed their
+  /// budgets (for --print-placement and the planner); check with fits() /
+  /// check_memory().
+  bool check_memory = true;
+};
+
+/// One node offered to the placement.
+struct node_spec {
+  int index = 0;     // the node's own number (in-process node, or position in --cluster)
+  profile prof;      // prof.memory_bytes is the budget (already overridden by --memory)
+  bool spare = false;  // held as a spare; never given a shard by place()
+};
+/// n working nodes 0..n-1 and `spares` spare nodes n..n+spares-1, all of `prof`.
+std::vector<node_spec> make_nodes(int n, const profile& prof, int spares = 0);
+
+// ---------------------------------------------------------------------------
+// Output
+
+/// Bytes a shard needs on its node.
+struct memory_need {
+  uint64_t weights = 0;
+  uint64_t kv_cache = 0;
+  uint64_t buffers = 0;
+  uint64_t total() const { return weights + kv_cache + buffers; }
+};
+
+/// One shard: what one node computes.
+struct shard {
+  int index = 0;        // placement index (position in placement::shards)
+  int node = 0;         // node_spec::index of the node that hosts it
+  std::string profile;  // that node's profile name
+  uint64_t budget_bytes = 0;  // that node's memory budget
+  int stage = 0;        // pipeline stage
+  int rank = 0;         // rank within the stage's TP group (0 when T = 1)
+  int group_size = 1;   // T of the stage
+  range layers;         // [l0, l1)
+  bool has_embedding = false;   // token embedding table (rank 0 of stage 0)
+  bool has_classifier = false;  // final RMSNorm + classifier (rank 0 of the last stage)
+  range kv_heads;       // [kv0, kv1)
+  range heads;          // query heads [kv0 * kv_mul, kv1 * kv_mul)
+  range ffn;            // FFN hidden units [f0, f1)
+  memory_need memory;
+  bool fits() const { return memory.total() <= budget_bytes; }
+};
+
+struct stage {
+  int index = 0;
+  range layers;
+  std::vector<int> shards;  // placement indices in rank order
+};
+
+/// The kinds of exchange in one position's forward pass.
+enum class exchange_kind {
+  token_to_embedding,    // session -> embedding holder: the token id (4 bytes)
+  broadcast_embedding,   // embedding holder -> the other ranks of stage 0: x (dim floats)
+  all_reduce_attention,  // layer l, within a TP group: sum of the partial wo outputs
+  all_reduce_ffn,        // layer l, within a TP group: sum of the partial w2 outputs
+  send_activations,      // rank 0 of stage s -> every shard of stage s+1: x (dim floats)
+  logits_to_session,     // classifier holder -> session: vocab floats
+  count
+};
+static_assert(static_cast<int>(exchange_kind::count) == 6, "update to_string(exchange_kind)");
+
+/// One exchange, as data. `from`/`to` hold placement indices; an empty list
+/// is the session. For the all-reduces from == to == the group in rank order,
+/// and every rank ends with sum = p_0 + p_1 + ... + p_{T-1}, added left to
+/// right in that fixed order (bit-identical on every rank and every run),
+/// which it then adds to its residual x.
+struct exchange_step {
+  exchange_kind kind = exchange_kind::send_activations;
+  int stage = 0;        // stage where it happens (the sending stage for send_activations)
+  int layer = -1;       // the layer of an all-reduce; -1 otherwise
+  std::vector<int> from;
+  std::vector<int> to;
+  uint64_t bytes_per_position = 0;  // payload of one message (one sender's part of an all-reduce)
+};
+
+/// A node that holds no shard: a spare (placement index shards.size() + i).
+struct spare_node {
+  int index = 0;  // placement index
+  int node = 0;   // node_spec::index
+  std::string profile;
+  uint64_t budget_bytes = 0;
+};
+
+struct placement {
+  strategy strat;               // resolved: stages and tp filled in
+  model::config config;
+  placement_options options;    // resolved: context filled in
+  std::vector<shard> shards;    // placement order (stage-major, then rank)
+  std::vector<stage> stages;    // in pipeline order
+  std::vector<exchange_step> steps;  // one position's exchanges, in execution order
+  std::vector<spare_node> spares;    // in node-spec order
+
+  /// Placement indices in use: shards, then spares.
+  int size() const { return static_cast<int>(shards.size() + spares.size()); }
+  /// node_spec::index of placement index i; error when out of range.
+  result<int> node_of(int placement_index) const;
+  /// True when every shard fits its node's budget.
+  bool fits() const;
+};
+
+/// Places the model. Nodes marked spare, and nodes beyond what the strategy
+/// uses (in node-spec order), become spares. Errors: an invalid config or
+/// options, a strategy beyond the model's limits or the nodes available, and
+/// (with options.check_memory) shards that do not fit their node's budget.
+result<placement> place(const model::config& cfg, const std::vector<node_spec>& nodes, const strategy& strat,
+                        const placement_options& options = {});
+
+/// Memory of one shard (see the formula at the top of this file). `context`
+/// is taken from options (0 = cfg.seq_len).
+memory_need shard_memory(const model::config& cfg, const placement_options& options, int n_layers,
+                         int n_heads, int n_kv_heads, int ffn_units, bool has_embedding, bool has_classifier);
+
+/// Success when every shard fits; otherwise one line per shard that does not:
+/// "node 2 (ps3, 256 MiB): shard needs 412.3 MiB (weights 380.1 MiB + KV cache
+/// 32.0 MiB + buffers 0.2 MiB); placement index 1: stage 1, layers [3,5)".
+result<void> check_memory(const placement& p);
+
+std::string to_string(exchange_kind k);
+/// "all-reduce after attention, layer 3, over [0,1,2]".
+std::string to_string(const exchange_step& s);
+/// The `--print-placement` table: placement index, node, profile, role,
+/// layers, heads, KV heads, FFN units, embedding/classifier, memory need /
+/// budget; spares last; then the exchange steps per position.
+std::string to_string(const placement& p);
+
+}  // namespace cellshard::topologies
