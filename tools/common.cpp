@@ -1,5 +1,6 @@
 #include "tools/common.hpp"
 
+#include "model/bundle.hpp"
 #include "model/synth.hpp"
 
 #include <cerrno>
@@ -16,10 +17,6 @@ namespace {
 bool is_file(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-std::string dir_of(const std::string& p) {
-  auto slash = p.rfind('/');
-  return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 }  // namespace
 
@@ -53,21 +50,15 @@ loaded_model load_model(const std::string& model_path, const std::string& tokeni
   if (!m.file) {
     model::load_options opts;
     opts.force_swap = force_swap;
-    auto f = model::model_file::open(mp, opts);
-    if (!f) throw cli_error(f.message());
-    m.file = *f;
-    if (tp.empty()) tp = dir_of(mp) + "/tokenizer.bin";
-    auto t = model::tokenizer::open(tp);
-    if (!t) throw cli_error(t.message());
-    m.tok = *t;
-    m.description = mp + " with tokenizer " + tp;
+    auto b = model::load_bundle(mp, tp, opts);
+    if (!b) throw cli_error(b.message());
+    m.file = b->file;
+    m.tok = b->tok;
+    m.description = mp + " with tokenizer " + m.tok->name();
+    return m;
   }
-  if (m.tok->vocab_size() != m.file->cfg().vocab_size) {
-    throw cli_error("tokenizer " + m.tok->name() + " has " + std::to_string(m.tok->vocab_size()) +
-                    " tokens but model " + m.file->path() + " has vocab_size " +
-                    std::to_string(m.file->cfg().vocab_size) +
-                    ": they do not belong together (pass the model's tokenizer with -z)");
-  }
+  auto ok = model::check_pair(*m.file, *m.tok);
+  if (!ok) throw cli_error(ok.message());
   return m;
 }
 

@@ -1,0 +1,97 @@
+// actors/cluster.hpp: the library's public face for the distributed runtime.
+// A cluster places a model over logical nodes (in one process: one CAF actor
+// system, one memory budget per node), spawns a shard actor per placed shard,
+// and runs generation requests as session actors that interleave through the
+// pipeline. Typical use:
+//
+//   cellshard::actors::cluster_options o;
+//   o.model = "stories260K.bin"; o.tokenizer = "tok512.bin";
+//   o.nodes = 4; o.topology = "pipeline";
+//   auto c = cellshard::actors::cluster::start(o);      // result<unique_ptr<cluster>>
+//   auto r = (*c)->generate(params, on_token);           // blocking, with a deadline
+//   auto id = (*c)->submit(params, on_token, on_done);   // asynchronous
+//   (*c)->cancel(id);                                    // frees every shard's KV cache
+//
+// Thread safety: every member function may be called from any thread,
+// concurrently. Callbacks run on CAF worker threads and must not block; calls
+// back into the cluster from a callback are allowed except generate() and
+// stats() (they would wait on the thread that must answer them).
+// Errors: start() and generate() return cellshard::result with a message that
+// names the file, node or limit; nothing waits without a deadline.
+#pragma once
+
+#include "actors/messages.hpp"
+#include "actors/session.hpp"
+#include "model/checkpoint.hpp"
+#include "model/generate.hpp"
+#include "model/result.hpp"
+#include "model/tokenizer.hpp"
+#include "topologies/placement.hpp"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cellshard::actors {
+
+struct cluster_options {
+  // The model: a file path, or an already loaded model_file (takes precedence).
+  std::string model;
+  std::string tokenizer;  // default: tokenizer.bin beside the model
+  std::shared_ptr<const model::model_file> file;
+  std::shared_ptr<const model::tokenizer> tok;
+
+  int nodes = 1;                      // in-process nodes offered to the placement
+  int spares = 0;                     // extra nodes held as spares
+  std::string topology = "pipeline";  // pipeline | tensor | hybrid:PxT (topologies::parse_strategy)
+  std::string profile = "host";       // host | ps3 | ps3-slim | rpi5
+  uint64_t memory = 0;                // per-node budget override in bytes (0: the profile's)
+  std::string kernels = "blas";       // kernel backend
+  std::string weights = "f32";        // f32 | q8_0
+  int sessions = 1;                   // concurrent sessions the memory check plans for
+
+  int caf_threads = 2;   // scheduler.max-threads (CAF defaults to 4 on 2 cores)
+  int blas_threads = 1;  // OpenBLAS threads per call (shards already run in parallel)
+  std::chrono::milliseconds step_timeout{30000};  // deadline of one step
+};
+
+using token_callback = std::function<void(uint64_t request, int token, const std::string& piece)>;
+using done_callback = std::function<void(uint64_t request, const session_outcome& outcome)>;
+
+class cluster {
+public:
+  /// Loads the model, places it (memory-fit check before anything is
+  /// loaded), spawns and wires the shards.
+  static result<std::unique_ptr<cluster>> start(const cluster_options& opts);
+  ~cluster();
+  cluster(const cluster&) = delete;
+  cluster& operator=(const cluster&) = delete;
+
+  /// Starts a request; returns its id at once. `params` are normalised as run.c does.
+  uint64_t submit(model::generation_params params, token_callback on_token, done_callback on_done);
+  /// Cancels a request: its session stops and every shard frees its KV cache.
+  void cancel(uint64_t request);
+  /// Runs one request to the end (or to `deadline`).
+  result<session_outcome> generate(model::generation_params params, token_callback on_token = {},
+                                   std::chrono::milliseconds deadline = std::chrono::minutes(10));
+  /// Statistics of every shard, in placement order (waits at most `deadline`).
+  result<std::vector<shard_stats>> stats(std::chrono::milliseconds deadline = std::chrono::seconds(10));
+  /// Bytes in use on each node (weights + KV caches), by node index.
+  std::vector<uint64_t> node_memory() const;
+
+  const topologies::placement& placement() const;
+  const model::config& config() const;
+  const model::tokenizer& tokenizer() const;
+  /// Stops every actor; further submits fail. Idempotent; the destructor calls it.
+  void shutdown();
+
+  struct impl;
+
+private:
+  explicit cluster(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace cellshard::actors

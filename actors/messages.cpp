@@ -1,0 +1,94 @@
+#include "actors/messages.hpp"
+
+#include <cstring>
+#include <xxhash.h>
+
+namespace cellshard::actors {
+
+namespace {
+bool host_big_endian() {
+  const uint16_t one = 1;
+  uint8_t b;
+  std::memcpy(&b, &one, 1);
+  return b == 0;
+}
+
+std::vector<char> encode_impl(const std::vector<float>& data, bool swap) {
+  const uint32_t n = static_cast<uint32_t>(data.size());
+  std::vector<char> out(1 + 4 + 8 + static_cast<size_t>(n) * 4);
+  out[0] = static_cast<char>(host_big_endian() != swap ? 1 : 0);
+  std::memcpy(out.data() + 13, data.data(), static_cast<size_t>(n) * 4);
+  uint32_t nn = n;
+  if (swap) {
+    nn = __builtin_bswap32(nn);
+    uint32_t* w = reinterpret_cast<uint32_t*>(out.data() + 13);
+    for (uint32_t i = 0; i < n; ++i) {
+      uint32_t v;
+      std::memcpy(&v, out.data() + 13 + 4 * i, 4);
+      v = __builtin_bswap32(v);
+      std::memcpy(out.data() + 13 + 4 * i, &v, 4);
+    }
+    (void)w;
+  }
+  uint64_t h = XXH64(out.data() + 13, static_cast<size_t>(n) * 4, 0);
+  if (swap) h = __builtin_bswap64(h);
+  std::memcpy(out.data() + 1, &nn, 4);
+  std::memcpy(out.data() + 5, &h, 8);
+  return out;
+}
+}  // namespace
+
+std::vector<char> blob::encode() const { return encode_impl(data, false); }
+std::vector<char> blob::encode_swapped() const { return encode_impl(data, true); }
+
+blob blob::decode(const std::vector<char>& bytes) {
+  blob b;
+  if (bytes.size() < 13) {
+    b.status = 2;
+    return b;
+  }
+  const bool sender_big = bytes[0] != 0;
+  const bool swap = sender_big != host_big_endian();
+  uint32_t n;
+  uint64_t h;
+  std::memcpy(&n, bytes.data() + 1, 4);
+  std::memcpy(&h, bytes.data() + 5, 8);
+  if (swap) {
+    n = __builtin_bswap32(n);
+    h = __builtin_bswap64(h);
+  }
+  if (bytes.size() != 13 + static_cast<size_t>(n) * 4) {
+    b.status = 2;
+    return b;
+  }
+  // The checksum covers the payload as sent, before any conversion.
+  if (XXH64(bytes.data() + 13, static_cast<size_t>(n) * 4, 0) != h) {
+    b.status = 1;
+    return b;
+  }
+  b.data.resize(n);
+  std::memcpy(b.data.data(), bytes.data() + 13, static_cast<size_t>(n) * 4);
+  if (swap) {
+    for (auto& f : b.data) {
+      uint32_t v;
+      std::memcpy(&v, &f, 4);
+      v = __builtin_bswap32(v);
+      std::memcpy(&f, &v, 4);
+    }
+  }
+  return b;
+}
+
+void register_messages(caf::actor_system_config& cfg) {
+  cfg.add_message_type<blob>("cs_blob");
+  cfg.add_message_type<step_id>("cs_step_id");
+  cfg.add_message_type<forward_req>("cs_forward_req");
+  cfg.add_message_type<activation>("cs_activation");
+  cfg.add_message_type<partial_sum>("cs_partial_sum");
+  cfg.add_message_type<logits_msg>("cs_logits");
+  cfg.add_message_type<shard_error>("cs_shard_error");
+  cfg.add_message_type<wiring>("cs_wiring");
+  cfg.add_message_type<shard_stats>("cs_shard_stats");
+}
+
+}  // namespace cellshard::actors

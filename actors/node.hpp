@@ -1,0 +1,32 @@
+// actors/node.hpp: a logical node in one process: its index, profile name,
+// memory budget and the bytes in use on it (weights + KV caches + buffers).
+// Shards of a node charge their allocations here, so a session whose KV cache
+// would overflow the node fails with a clear error instead of swapping.
+// Thread safety: the counters are atomics; a node_state is shared by the
+// shards on it (std::shared_ptr).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace cellshard::actors {
+
+struct node_state {
+  int index = 0;
+  std::string profile = "host";
+  uint64_t budget_bytes = 0;  // 0 = unlimited
+  std::atomic<uint64_t> used_bytes{0};
+
+  /// Charges `bytes`; false (and nothing charged) when the budget would be exceeded.
+  bool try_charge(uint64_t bytes) {
+    uint64_t cur = used_bytes.load();
+    do {
+      if (budget_bytes != 0 && cur + bytes > budget_bytes) return false;
+    } while (!used_bytes.compare_exchange_weak(cur, cur + bytes));
+    return true;
+  }
+  void release(uint64_t bytes) { used_bytes -= bytes; }
+};
+
+}  // namespace cellshard::actors

@@ -1,0 +1,37 @@
+// actors/shard.hpp: the shard actor. It holds one slice of the model (a
+// layer range, and within it a range of KV/query heads and FFN units) and,
+// per session, its KV cache. It executes its part of the placement's exchange
+// steps: embedding (when it holds the table), its layers with the TP group's
+// two all-reduces per layer, forwarding x to the next stage (rank 0), and the
+// classifier (when it holds it). See actors/messages.hpp for the protocol.
+//
+// Compute runs inside the actor's handler on a CAF worker thread (cap the
+// scheduler's and OpenBLAS's threads: cluster_options). Each session has at
+// most one step in flight at a shard; steps of different sessions interleave.
+#pragma once
+
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+#include "kernels/backend.hpp"
+#include "model/transformer.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include <memory>
+
+namespace cellshard::actors {
+
+struct shard_init {
+  int index = 0;        // placement index
+  int rank = 0;         // rank within its TP group
+  int group_size = 1;
+  std::shared_ptr<const model::shard_weights> weights;
+  const kernels::backend* backend = nullptr;
+  std::shared_ptr<node_state> node;
+};
+
+/// Spawns a shard; send it a `wiring` (with wire_atom) before any step.
+caf::actor spawn_shard(caf::actor_system& sys, shard_init init);
+
+}  // namespace cellshard::actors

@@ -1,0 +1,34 @@
+#include "model/bundle.hpp"
+
+namespace cellshard::model {
+
+result<void> check_pair(const model_file& f, const tokenizer& t) {
+  if (t.vocab_size() != f.cfg().vocab_size)
+    return make_error("tokenizer " + t.name() + " has " + std::to_string(t.vocab_size()) +
+                      " tokens but model " + f.path() + " has vocab_size " +
+                      std::to_string(f.cfg().vocab_size) +
+                      ": they do not belong together (pass the model's tokenizer with -z)");
+  return {};
+}
+
+result<bundle> load_bundle(const std::string& model_path, const std::string& tokenizer_path,
+                           load_options opts) {
+  bundle b;
+  auto f = model_file::open(model_path, opts);
+  if (!f) return f.err();
+  b.file = *f;
+  std::string tp = tokenizer_path;
+  if (tp.empty()) {
+    const auto slash = model_path.rfind('/');
+    tp = (slash == std::string::npos ? std::string(".") : model_path.substr(0, slash)) +
+         "/tokenizer.bin";
+  }
+  auto t = tokenizer::open(tp);
+  if (!t) return t.err();
+  b.tok = *t;
+  auto ok = check_pair(*b.file, *b.tok);
+  if (!ok) return ok.err();
+  return b;
+}
+
+}  // namespace cellshard::model
