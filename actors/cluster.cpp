@@ -125,9 +125,15 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   }
   for (size_t st = 0; st < im->plan.stages.size(); ++st) {
     wiring w;
-    for (int idx : im->plan.stages[st].shards) w.group.push_back(im->shards[idx]);
+    for (int idx : im->plan.stages[st].shards) {
+      w.group.push_back(im->shards[idx]);
+      w.group_nodes.push_back(im->plan.shards[idx].node);
+    }
     if (st + 1 < im->plan.stages.size())
-      for (int idx : im->plan.stages[st + 1].shards) w.next.push_back(im->shards[idx]);
+      for (int idx : im->plan.stages[st + 1].shards) {
+        w.next.push_back(im->shards[idx]);
+        w.next_nodes.push_back(im->plan.shards[idx].node);
+      }
     for (int idx : im->plan.stages[st].shards)
       caf::anon_send(im->shards[idx], wire_atom::value, w);
   }

@@ -151,11 +151,17 @@ typename Inspector::result_type inspect(Inspector& f, shard_error& x) {
 struct wiring {
   std::vector<caf::actor> group;
   std::vector<caf::actor> next;
+  std::vector<int32_t> group_nodes;  // node index of each group member
+  std::vector<int32_t> next_nodes;   // node index of each next-stage shard
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, wiring& x) {
-  return f(caf::meta::type_name("wiring"), x.group, x.next);
+  return f(caf::meta::type_name("wiring"), x.group, x.next, x.group_nodes, x.next_nodes);
 }
+
+/// The node index that stands for the session's side (the front end) in
+/// link statistics.
+constexpr int32_t front_end_node = -1;
 
 /// Statistics of one shard (reply to stats_atom).
 struct shard_stats {
@@ -167,11 +173,13 @@ struct shard_stats {
   int64_t compute_ns = 0;        // kernel time so far
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  std::vector<int32_t> link_to;      // destination node of each link used (-1: front end)
+  std::vector<uint64_t> link_bytes;  // payload bytes sent on it
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.node, x.index, x.weight_bytes, x.kv_bytes,
-           x.sessions, x.compute_ns, x.bytes_sent, x.bytes_received);
+           x.sessions, x.compute_ns, x.bytes_sent, x.bytes_received, x.link_to, x.link_bytes);
 }
 
 /// Registers every message type above with a config (call in every process).

@@ -45,6 +45,7 @@ struct shard_state {
   std::map<std::tuple<uint64_t, uint32_t, int32_t, int32_t, int32_t>, std::vector<blob>> partials;
   int64_t compute_ns = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
+  std::map<int32_t, uint64_t> link_bytes;  // by destination node
   static inline const char* name = "cellshard.shard";
 };
 
@@ -87,8 +88,12 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
   return &ss;
 }
 
-void send_counted(shard_actor* self, const caf::actor& to, uint64_t bytes) {
-  if (caf::actor_cast<caf::strong_actor_ptr>(to) != self->ctrl()) self->state.bytes_sent += bytes;
+/// Counts a payload sent to `node` (self-sends on the same node are free).
+void count_sent(shard_actor* self, int32_t node, uint64_t bytes) {
+  auto& st = self->state;
+  if (node == st.init.node->index) return;
+  st.bytes_sent += bytes;
+  st.link_bytes[node] += bytes;
 }
 
 /// Finishes a stage: forward x to the next stage, or the logits to the session.
@@ -104,9 +109,9 @@ void finish_stage(shard_actor* self, session_state& ss) {
     a.x.data = std::move(ss.x);
     a.compute_ns = ss.compute_ns;
     a.reply_to = ss.reply_to;
-    for (auto& n : st.wires.next) {
-      send_counted(self, n, payload_bytes(a.x));
-      self->send(n, a);
+    for (size_t i = 0; i < st.wires.next.size(); ++i) {
+      count_sent(self, st.wires.next_nodes[i], payload_bytes(a.x));
+      self->send(st.wires.next[i], a);
     }
     return;
   }
@@ -120,7 +125,7 @@ void finish_stage(shard_actor* self, session_state& ss) {
     const int64_t ns = since_ns(t0);
     st.compute_ns += ns;
     m.compute_ns = ss.compute_ns + ns;
-    st.bytes_sent += payload_bytes(m.logits);
+    count_sent(self, front_end_node, payload_bytes(m.logits));
     self->send(ss.reply_to, std::move(m));
   }
 }
@@ -158,7 +163,7 @@ void advance(shard_actor* self, uint64_t session, session_state& ss) {
         partial_sum p{ss.id, ss.layer, ss.phase, st.init.rank, mine};
         for (int r = 0; r < T; ++r)
           if (r != st.init.rank) {
-            send_counted(self, st.wires.group[r], payload_bytes(mine));
+            count_sent(self, st.wires.group_nodes[r], payload_bytes(mine));
             self->send(st.wires.group[r], p);
           }
       }
@@ -232,9 +237,9 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           std::memcpy(a.x.data.data() + i * dim, w.embedding() + static_cast<size_t>(t) * dim,
                       dim * sizeof(float));
         }
-        for (auto& g : st.wires.group) {
-          send_counted(self, g, payload_bytes(a.x));
-          self->send(g, a);
+        for (size_t i = 0; i < st.wires.group.size(); ++i) {
+          count_sent(self, st.wires.group_nodes[i], payload_bytes(a.x));
+          self->send(st.wires.group[i], a);
         }
       },
       [=](activation& a) {
@@ -294,6 +299,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         s.compute_ns = st.compute_ns;
         s.bytes_sent = st.bytes_sent;
         s.bytes_received = st.bytes_received;
+        for (auto& l : st.link_bytes) {
+          s.link_to.push_back(l.first);
+          s.link_bytes.push_back(l.second);
+        }
         return s;
       },
   };

@@ -1,8 +1,11 @@
 // `cellshard run`: generate text. Text streams to stdout exactly as llama2.c's
 // run.c prints it; "achieved tok/s" goes to stderr.
+#include "actors/cluster.hpp"
 #include "kernels/backend.hpp"
 #include "model/generate.hpp"
 #include "model/transformer.hpp"
+#include "topologies/placement.hpp"
+#include "topologies/profile.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
@@ -11,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 namespace cellshard::tools {
@@ -25,6 +29,11 @@ struct run_opts {
   std::string ids_out, expect_ids, json_out;
   int blas_threads = 1;
   bool quiet = false;
+  // In-process nodes (issue #4): any of these selects the actor runtime.
+  int nodes = 1, spares = 0, caf_threads = 2;
+  std::string topology = "pipeline", profile = "host", memory;
+  bool print_placement = false;
+  bool use_cluster = false;
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -55,24 +64,98 @@ int do_run(const run_opts& o) {
   }
   loaded_model lm = load_model(o.model, o.tokenizer);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
-  auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt);
-  if (!w) throw cli_error(w.message());
-  model::engine eng(*w, *be);
-
   model::generation_params gp;
   gp.prompt = o.prompt;
   gp.steps = o.steps;
   gp.sampling = {o.temperature, o.topp, o.seed};
   gp = model::normalise(gp, lm.file->cfg().seq_len);
 
-  const bool json_to_stdout = o.json_out == "-";
-  auto res = model::generate(
-      [&](int token, int pos) -> result<const float*> { return eng.forward(token, pos); }, *lm.tok,
-      lm.file->cfg().vocab_size, gp, [&](int, const std::string& piece) {
-        if (o.quiet) return;
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      });
+  auto print_piece = [&](const std::string& piece) {
+    if (o.quiet) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
+  nlohmann::json nodes_json = nlohmann::json::array(), links_json = nlohmann::json::array();
+  double comm_share = 0.0;
+  result<model::generation_result> res = make_error("not run");
+  if (!o.use_cluster) {
+    auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt);
+    if (!w) throw cli_error(w.message());
+    model::engine eng(*w, *be);
+    res = model::generate(
+        [&](int token, int pos) -> result<const float*> { return eng.forward(token, pos); },
+        *lm.tok, lm.file->cfg().vocab_size, gp,
+        [&](int, const std::string& piece) { print_piece(piece); });
+    if (res)
+      nodes_json.push_back({{"index", 0},
+                            {"role", "whole model"},
+                            {"memory_bytes", (*w)->bytes() + lm.file->cfg().kv_cache_bytes(lm.file->cfg().seq_len)},
+                            {"compute_ms", res->duration_ms},
+                            {"bytes_sent", 0},
+                            {"bytes_received", 0}});
+  } else {
+    actors::cluster_options co;
+    co.file = lm.file;
+    co.tok = lm.tok;
+    co.nodes = o.nodes;
+    co.spares = o.spares;
+    co.topology = o.topology;
+    co.profile = o.profile;
+    if (!o.memory.empty()) {
+      auto m = topologies::parse_memory(o.memory);
+      if (!m) throw cli_error("--memory: " + m.message(), 2);
+      co.memory = *m;
+    }
+    co.kernels = o.kernels;
+    co.weights = o.weights;
+    co.caf_threads = o.caf_threads;
+    co.blas_threads = o.blas_threads;
+    auto c = actors::cluster::start(co);
+    if (!c) throw cli_error(c.message());
+    if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
+    auto out = (*c)->generate(gp, [&](uint64_t, int, const std::string& piece) { print_piece(piece); });
+    if (!out) throw cli_error(out.message());
+    if (!out->ok) {
+      // The tokens so far are printed already; finish the line, then the error.
+      if (!o.quiet) std::fputs("\n", stdout);
+      if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(out->result.ids));
+      throw cli_error(out->error);
+    }
+    res = out->result;
+    comm_share = out->result.duration_ms > 0
+                     ? std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms)
+                     : 0.0;
+    auto st = (*c)->stats();
+    if (!st) throw cli_error(st.message());
+    const auto mem = (*c)->node_memory();
+    const auto& plan = (*c)->placement();
+    std::map<int, nlohmann::json> by_node;
+    for (const auto& s : *st) {
+      const auto& sh = plan.shards[s.index];
+      auto& n = by_node[s.node];
+      if (n.is_null())
+        n = {{"index", s.node}, {"role", ""}, {"memory_bytes", mem[s.node]}, {"compute_ms", 0.0},
+             {"bytes_sent", 0}, {"bytes_received", 0}};
+      std::string role = "stage " + std::to_string(sh.stage) +
+                         (sh.group_size > 1 ? " rank " + std::to_string(sh.rank) : "");
+      n["role"] = n["role"].get<std::string>().empty() ? role : n["role"].get<std::string>() + ", " + role;
+      n["compute_ms"] = n["compute_ms"].get<double>() + s.compute_ns / 1e6;
+      n["bytes_sent"] = n["bytes_sent"].get<uint64_t>() + s.bytes_sent;
+      n["bytes_received"] = n["bytes_received"].get<uint64_t>() + s.bytes_received;
+      const int tokens = std::max<int>(1, static_cast<int>(out->result.ids.size()) - 1);
+      for (size_t i = 0; i < s.link_to.size(); ++i)
+        links_json.push_back({{"from", s.node},
+                              {"to", s.link_to[i] < 0 ? nlohmann::json("front end") : nlohmann::json(s.link_to[i])},
+                              {"bandwidth_bps", nullptr},
+                              {"latency_us", nullptr},
+                              {"bytes", s.link_bytes[i]},
+                              {"bytes_per_token", static_cast<double>(s.link_bytes[i]) / tokens}});
+    }
+    for (const auto& sp : plan.spares)
+      by_node[sp.node] = {{"index", sp.node}, {"role", "spare"}, {"memory_bytes", mem[sp.node]},
+                          {"compute_ms", 0.0}, {"bytes_sent", 0}, {"bytes_received", 0}};
+    for (auto& kv : by_node) nodes_json.push_back(kv.second);
+  }
   if (!res) throw cli_error(res.message());
   if (!o.quiet) {
     std::fputs("\n", stdout);
@@ -108,22 +191,15 @@ int do_run(const run_opts& o) {
     j["tpot_ms_p50"] = percentile(res->step_ms, 0.5);
     j["tpot_ms_p99"] = percentile(res->step_ms, 0.99);
     j["tokens_per_s"] = res->tokens_per_s;
-    j["comm_share"] = 0.0;
+    j["comm_share"] = comm_share;
     j["tokens"] = static_cast<int>(res->ids.size()) - 1;
     j["duration_ms"] = res->duration_ms;
-    j["nodes"] = nlohmann::json::array(
-        {{{"index", 0},
-          {"role", "whole model"},
-          {"memory_bytes", (*w)->bytes() + lm.file->cfg().kv_cache_bytes(lm.file->cfg().seq_len)},
-          {"compute_ms", res->duration_ms},
-          {"bytes_sent", 0},
-          {"bytes_received", 0}}});
-    j["links"] = nlohmann::json::array();
+    j["nodes"] = nodes_json;
+    j["links"] = links_json;
     j["faults"] = nlohmann::json::array();
     j["ids"] = res->ids;
     if (!o.expect_ids.empty()) j["diverged"] = diverged;
     write_text(o.json_out, j.dump(2) + "\n");
-    (void)json_to_stdout;
   }
   return status;
 }
@@ -153,7 +229,24 @@ void add_run(CLI::App& app, int& status) {
                   "compare the ids with FILE; on a difference exit 3 naming the position");
   cmd->add_option("--json,--metrics-out", o->json_out, "machine-readable result to FILE (- = stdout)");
   cmd->add_flag("-q,--quiet", o->quiet, "do not print the generated text");
-  cmd->callback([o, &status] { status = do_run(*o); });
+  // In-process nodes: any of these runs the model on the actor runtime.
+  auto* g = "Nodes (in process)";
+  std::vector<CLI::Option*> cluster_flags = {
+      cmd->add_option("--nodes", o->nodes, "in-process nodes")->group(g),
+      cmd->add_option("--spares", o->spares, "extra nodes held as spares")->group(g),
+      cmd->add_option("--topology", o->topology, "pipeline|tensor|hybrid:PxT")->group(g),
+      cmd->add_option("--profile", o->profile, "node profile: host|ps3|ps3-slim|rpi5")->group(g),
+      cmd->add_option("--memory", o->memory, "per-node memory budget, e.g. 256MiB (overrides the profile)")
+          ->group(g),
+      cmd->add_flag("--print-placement", o->print_placement,
+                    "print the placement (placement indices, roles, memory) to stderr")->group(g),
+      cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads")->group(g)};
+  cmd->callback([o, cmd, cluster_flags, &status] {
+    for (auto* f : cluster_flags)
+      if (f->count() > 0) o->use_cluster = true;
+    (void)cmd;
+    status = do_run(*o);
+  });
 }
 
 }  // namespace cellshard::tools
