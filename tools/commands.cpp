@@ -4,5 +4,6 @@ namespace cellshard::tools {
 void add_commands(CLI::App& app, int& status) {
   add_run(app, status);
   add_synth(app, status);
+  add_bench(app, status);
 }
 }  // namespace cellshard::tools

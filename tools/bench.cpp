@@ -1,0 +1,63 @@
+// `cellshard bench kernels|cluster|recovery`: measurements with a baseline
+// measured in the same run, printed as ratios, with --json FILE.
+#include "tools/bench.hpp"
+
+#include "tools/commands.hpp"
+#include "tools/common.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <memory>
+
+namespace cellshard::tools {
+
+std::string print_rows(const std::vector<bench_row>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  std::printf("%-20s %-60s %14s %-9s %14s %8s\n", "name", "parameters", "value", "unit", "baseline", "ratio");
+  for (const auto& r : rows) {
+    std::string p;
+    for (auto& kv : r.params) p += (p.empty() ? "" : " ") + kv.first + "=" + kv.second;
+    if (r.baseline >= 0)
+      std::printf("%-20s %-60s %14.4f %-9s %14.4f %8.3f\n", r.name.c_str(), p.c_str(), r.value,
+                  r.unit.c_str(), r.baseline, r.ratio);
+    else
+      std::printf("%-20s %-60s %14.4f %-9s %14s %8s\n", r.name.c_str(), p.c_str(), r.value, r.unit.c_str(),
+                  "-", "-");
+    nlohmann::json o = {{"name", r.name}, {"params", r.params}, {"value", r.value}, {"unit", r.unit}};
+    if (r.baseline >= 0) {
+      o["baseline"] = r.baseline;
+      o["baseline_name"] = r.baseline_name;
+      o["ratio"] = r.ratio;
+    }
+    j.push_back(o);
+  }
+  return j.dump(2) + "\n";
+}
+
+void add_bench(CLI::App& app, int& status) {
+  auto* bench = app.add_subcommand("bench", "measurements printed as ratios against a same-run baseline");
+  bench->require_subcommand(1);
+  auto co = std::make_shared<cluster_bench_options>();
+  auto json = std::make_shared<std::string>();
+  auto* cl = bench->add_subcommand("cluster", "per-token latency and communication share vs node count");
+  cl->add_option("-m,--model", co->model, "model (default lookup as run)");
+  cl->add_option("-z,--tokenizer", co->tokenizer, "tokenizer");
+  cl->add_option("--nodes", co->nodes, "node counts")->delimiter(',')->capture_default_str();
+  cl->add_option("-n,--steps", co->steps, "positions per run on the small model")->capture_default_str();
+  cl->add_option("--large-steps", co->large_steps, "positions per run on synthetic stories110m")
+      ->capture_default_str();
+  cl->add_option("--reps", co->reps, "runs per point (median)")->capture_default_str();
+  cl->add_flag("--skip-large", co->skip_large, "leave out the synthetic stories110m model");
+  cl->add_option("--kernels", co->kernels, "kernel backend")->capture_default_str();
+  cl->add_option("--caf-threads", co->caf_threads, "CAF scheduler threads")->capture_default_str();
+  cl->add_option("--json", *json, "rows as JSON to FILE (- = stdout)");
+  cl->callback([co, json, &status] {
+    std::vector<bench_row> rows;
+    status = run_cluster_bench(*co, rows);
+    const std::string j = print_rows(rows);
+    if (!json->empty()) write_text(*json, j);
+  });
+}
+
+}  // namespace cellshard::tools

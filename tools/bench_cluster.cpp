@@ -1,0 +1,160 @@
+// `cellshard bench cluster`: per-token latency and communication share of the
+// in-process runtime at 1, 2, 4, 8 nodes, pipeline and tensor, on stories260K
+// and a synthetic stories110m; and the raw-blob payload encoding's throughput
+// against CAF's default encoding of a float vector. Every row is a ratio
+// against a baseline measured in the same run (1 node; CAF's encoding).
+#include "actors/cluster.hpp"
+#include "actors/messages.hpp"
+#include "model/synth.hpp"
+#include "tools/bench.hpp"
+#include "tools/common.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace cellshard::tools {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct encode_result {
+  double blob_mbs, caf_mbs;
+};
+
+encode_result measure_encoding(size_t floats, int reps) {
+  caf::actor_system_config cfg;
+  actors::register_messages(cfg);
+  cfg.set("scheduler.max-threads", size_t{1});
+  caf::actor_system sys{cfg};
+  actors::blob b;
+  b.data.resize(floats);
+  for (size_t i = 0; i < floats; ++i) b.data[i] = static_cast<float>(i % 1000) * 0.001f;
+  std::vector<float> plain = b.data;
+  using clk = std::chrono::steady_clock;
+  auto time_it = [&](auto&& fn) {
+    std::vector<double> s;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = clk::now();
+      fn();
+      s.push_back(std::chrono::duration<double>(clk::now() - t0).count());
+    }
+    return median(s);
+  };
+  const double bytes = 2.0 * floats * sizeof(float);  // serialise + deserialise
+  const double tb = time_it([&] {
+    std::vector<char> buf;
+    caf::binary_serializer out{sys, buf};
+    auto e1 = out(b);
+    actors::blob back;
+    caf::binary_deserializer in{sys, buf};
+    auto e2 = in(back);
+    if (e1 || e2 || back.data.size() != floats) throw cli_error("blob round trip failed");
+  });
+  const double tc = time_it([&] {
+    std::vector<char> buf;
+    caf::binary_serializer out{sys, buf};
+    auto e1 = out(plain);
+    std::vector<float> back;
+    caf::binary_deserializer in{sys, buf};
+    auto e2 = in(back);
+    if (e1 || e2 || back.size() != floats) throw cli_error("CAF round trip failed");
+  });
+  return {bytes / tb / 1e6, bytes / tc / 1e6};
+}
+
+}  // namespace
+
+int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows) {
+  struct model_case {
+    std::string name;
+    std::shared_ptr<const model::model_file> file;
+    std::shared_ptr<const model::tokenizer> tok;
+    int steps;
+  };
+  std::vector<model_case> models;
+  {
+    loaded_model lm = load_model(o.model, o.tokenizer);
+    models.push_back({lm.file->path(), lm.file, lm.tok, o.steps});
+  }
+  if (!o.skip_large) {
+    auto cfg = model::synth_preset("stories110m").value();
+    std::fprintf(stderr, "synthesising stories110m (418 MiB) in memory...\n");
+    auto f = model::model_file::from_bytes(model::synth_bytes(cfg, 1), "synth stories110m");
+    if (!f) throw cli_error(f.message());
+    models.push_back({"synth stories110m", *f, model::tokenizer::byte_level(cfg.vocab_size),
+                      o.large_steps});
+  }
+  for (const auto& mc : models) {
+    for (const char* topo : {"pipeline", "tensor"}) {
+      double base = 0;
+      for (int n : o.nodes) {
+        actors::cluster_options co;
+        co.file = mc.file;
+        co.tok = mc.tok;
+        co.nodes = n;
+        co.topology = topo;
+        co.kernels = o.kernels;
+        co.caf_threads = o.caf_threads;
+        auto c = actors::cluster::start(co);
+        if (!c) {
+          std::fprintf(stderr, "skip %s %s %d nodes: %s\n", mc.name.c_str(), topo, n, c.message().c_str());
+          continue;
+        }
+        model::generation_params gp;
+        gp.steps = mc.steps;
+        gp.sampling = {0.0f, 0.9f, 1};
+        std::vector<double> tpot, share;
+        for (int r = 0; r < o.reps; ++r) {
+          auto out = (*c)->generate(gp);
+          if (!out || !out->ok) throw cli_error("bench run failed: " + (out ? out->error : out.message()));
+          tpot.push_back(median(out->result.step_ms));
+          share.push_back(std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms));
+        }
+        const double t = median(tpot);
+        if (n == o.nodes.front()) base = t;
+        bench_row row;
+        row.name = "cluster.tpot";
+        row.params = {{"model", mc.name}, {"topology", topo}, {"nodes", std::to_string(n)},
+                      {"steps", std::to_string(mc.steps)}};
+        row.value = t;
+        row.unit = "ms";
+        row.baseline = base;
+        row.baseline_name = std::to_string(o.nodes.front()) + " node(s), same run";
+        row.ratio = base > 0 ? t / base : 0;
+        rows.push_back(row);
+        bench_row cs = row;
+        cs.name = "cluster.comm_share";
+        cs.value = median(share);
+        cs.unit = "fraction";
+        cs.baseline = -1;
+        cs.ratio = 0;
+        rows.push_back(cs);
+        std::fprintf(stderr, "  %s %-8s %d node(s): tpot %.3f ms (x%.2f of 1 node), comm share %.2f\n",
+                     mc.name.c_str(), topo, n, t, row.ratio, cs.value);
+      }
+    }
+  }
+  for (size_t floats : {size_t{256}, size_t{16384}, size_t{1} << 20}) {
+    auto e = measure_encoding(floats, floats > 100000 ? 5 : 50);
+    bench_row row;
+    row.name = "payload.encoding";
+    row.params = {{"floats", std::to_string(floats)}};
+    row.value = e.blob_mbs;
+    row.unit = "MB/s";
+    row.baseline = e.caf_mbs;
+    row.baseline_name = "CAF 0.17 default vector<float> encoding";
+    row.ratio = e.blob_mbs / e.caf_mbs;
+    rows.push_back(row);
+  }
+  return 0;
+}
+
+}  // namespace cellshard::tools
