@@ -16,6 +16,57 @@
 
 namespace cellshard::actors {
 
+namespace {
+
+/// Shards in this process: one logical node per placement node, each with its
+/// own memory budget (node_state) charged by its shards.
+class local_host : public shard_host {
+public:
+  local_host(int nodes, int spares, topologies::profile prof,
+             std::shared_ptr<const model::model_file> file)
+      : prof_(std::move(prof)), file_(std::move(file)) {
+    specs_ = topologies::make_nodes(nodes, prof_, spares);
+    for (const auto& n : specs_) {
+      auto ns = std::make_shared<node_state>();
+      ns->index = n.index;
+      ns->profile = prof_.name;
+      ns->budget_bytes = prof_.memory_bytes;
+      states_.push_back(ns);
+    }
+  }
+  std::vector<topologies::node_spec> nodes() const override { return specs_; }
+  result<void> configure(caf::actor_system_config&) override { return {}; }
+  result<void> connect(caf::actor_system&, const model::model_file&, const model::tokenizer&) override {
+    return {};
+  }
+  result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) override {
+    auto w = model::shard_weights::make(file_, req.spec, req.weights);
+    if (!w) return w.err();
+    shard_init init;
+    init.index = req.placed->index;
+    init.rank = req.placed->rank;
+    init.group_size = req.placed->group_size;
+    init.weights = *w;
+    init.backend = kernels::find_backend(req.kernels);
+    if (!init.backend) return make_error("kernels: unknown backend '" + req.kernels + "'");
+    init.node = states_.at(req.placed->node);
+    return spawn_shard(sys, std::move(init));
+  }
+  std::vector<uint64_t> node_memory() const override {
+    std::vector<uint64_t> out;
+    for (auto& n : states_) out.push_back(n->used_bytes.load());
+    return out;
+  }
+
+private:
+  topologies::profile prof_;
+  std::shared_ptr<const model::model_file> file_;
+  std::vector<topologies::node_spec> specs_;
+  std::vector<std::shared_ptr<node_state>> states_;
+};
+
+}  // namespace
+
 struct cluster::impl {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
@@ -23,8 +74,7 @@ struct cluster::impl {
   std::shared_ptr<const model::model_file> file;
   std::shared_ptr<const model::tokenizer> tok;
   topologies::placement plan;
-  const kernels::backend* backend = nullptr;
-  std::vector<std::shared_ptr<node_state>> nodes;  // by node index
+  std::shared_ptr<shard_host> host;
   std::vector<caf::actor> shards;                   // by placement index
   caf::actor entry;
   std::mutex mu;
@@ -58,17 +108,24 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
     im->tok = b->tok;
   }
   const model::config& mc = im->file->cfg();
-  im->backend = kernels::find_backend(opts.kernels);
-  if (!im->backend) return make_error("kernels: unknown backend '" + opts.kernels + "'");
+  if (!kernels::find_backend(opts.kernels))
+    return make_error("kernels: unknown backend '" + opts.kernels + "'");
   auto fmt = model::parse_weight_format(opts.weights);
   if (!fmt) return fmt.err();
 
+  // Where the shards live.
+  im->host = opts.host;
+  if (!im->host) {
+    if (opts.nodes < 1)
+      return make_error("nodes: need at least 1 node, got " + std::to_string(opts.nodes));
+    auto prof = topologies::find_profile(opts.profile);
+    if (!prof) return prof.err();
+    topologies::profile p = *prof;
+    if (opts.memory) p.memory_bytes = opts.memory;
+    im->host = std::make_shared<local_host>(opts.nodes, opts.spares, p, im->file);
+  }
+
   // Placement, with the memory-fit check, before anything is loaded.
-  if (opts.nodes < 1) return make_error("nodes: need at least 1 node, got " + std::to_string(opts.nodes));
-  auto prof = topologies::find_profile(opts.profile);
-  if (!prof) return prof.err();
-  topologies::profile p = *prof;
-  if (opts.memory) p.memory_bytes = opts.memory;
   auto strat = topologies::parse_strategy(opts.topology);
   if (!strat) return strat.err();
   topologies::placement_options po;
@@ -76,52 +133,39 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto wf = topologies::find_weight_format(opts.weights);
   if (!wf) return wf.err();
   po.weights = *wf;
-  auto plan = topologies::place(mc, topologies::make_nodes(opts.nodes, p, opts.spares), *strat, po);
+  auto plan = topologies::place(mc, im->host->nodes(), *strat, po);
   if (!plan) return plan.err();
   im->plan = std::move(*plan);
-
-  // Weight slices (shared with the model file: views for f32, copies for q8_0).
-  std::vector<std::shared_ptr<const model::shard_weights>> slices;
-  for (const auto& s : im->plan.shards) {
-    model::slice_spec spec;
-    spec.layer_begin = s.layers.begin;
-    spec.layer_end = s.layers.end;
-    spec.kv_head_begin = s.kv_heads.begin;
-    spec.kv_head_end = s.kv_heads.end;
-    spec.ffn_begin = s.ffn.begin;
-    spec.ffn_end = s.ffn.end;
-    spec.embedding = s.has_embedding;
-    spec.classifier = s.has_classifier;
-    auto w = model::shard_weights::make(im->file, spec, *fmt);
-    if (!w) return make_error("placement index " + std::to_string(s.index) + " on node " +
-                              std::to_string(s.node) + ": " + w.message());
-    slices.push_back(*w);
-  }
 
   kernels::set_blas_threads(opts.blas_threads);
   register_messages(im->cfg);
   im->cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(1, opts.caf_threads)));
-  im->cfg.set("logger.console", caf::atom("none"));
+  auto conf = im->host->configure(im->cfg);
+  if (!conf) return conf.err();
   im->sys = std::make_unique<caf::actor_system>(im->cfg);
+  auto conn = im->host->connect(*im->sys, *im->file, *im->tok);
+  if (!conn) return conn.err();
 
-  const int total_nodes = opts.nodes + opts.spares;
-  for (int n = 0; n < total_nodes; ++n) {
-    auto ns = std::make_shared<node_state>();
-    ns->index = n;
-    ns->profile = p.name;
-    ns->budget_bytes = p.memory_bytes;
-    im->nodes.push_back(ns);
-  }
-  for (size_t i = 0; i < im->plan.shards.size(); ++i) {
-    const auto& s = im->plan.shards[i];
-    shard_init init;
-    init.index = s.index;
-    init.rank = s.rank;
-    init.group_size = s.group_size;
-    init.weights = slices[i];
-    init.backend = im->backend;
-    init.node = im->nodes[s.node];
-    im->shards.push_back(spawn_shard(*im->sys, std::move(init)));
+  for (const auto& s : im->plan.shards) {
+    shard_request req;
+    req.placed = &s;
+    req.spec.layer_begin = s.layers.begin;
+    req.spec.layer_end = s.layers.end;
+    req.spec.kv_head_begin = s.kv_heads.begin;
+    req.spec.kv_head_end = s.kv_heads.end;
+    req.spec.ffn_begin = s.ffn.begin;
+    req.spec.ffn_end = s.ffn.end;
+    req.spec.embedding = s.has_embedding;
+    req.spec.classifier = s.has_classifier;
+    req.weights = *fmt;
+    req.kernels = opts.kernels;
+    auto a = im->host->spawn(*im->sys, req);
+    if (!a) {
+      for (auto& started : im->shards) caf::anon_send_exit(started, caf::exit_reason::user_shutdown);
+      return make_error("placement index " + std::to_string(s.index) + " on node " +
+                        std::to_string(s.node) + ": " + a.message());
+    }
+    im->shards.push_back(*a);
   }
   for (size_t st = 0; st < im->plan.stages.size(); ++st) {
     wiring w;
@@ -207,11 +251,7 @@ result<std::vector<shard_stats>> cluster::stats(std::chrono::milliseconds deadli
   return out;
 }
 
-std::vector<uint64_t> cluster::node_memory() const {
-  std::vector<uint64_t> out;
-  for (auto& n : impl_->nodes) out.push_back(n->used_bytes.load());
-  return out;
-}
+std::vector<uint64_t> cluster::node_memory() const { return impl_->host->node_memory(); }
 
 const topologies::placement& cluster::placement() const { return impl_->plan; }
 const model::config& cluster::config() const { return impl_->file->cfg(); }
@@ -230,6 +270,7 @@ void cluster::shutdown() {
   for (auto& s : impl_->shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   impl_->shards.clear();
   impl_->entry = nullptr;
+  impl_->host->shutdown(*impl_->sys);
   impl_->sys.reset();  // waits for every actor to finish
 }
 

@@ -20,6 +20,7 @@
 // names the file, node or limit; nothing waits without a deadline.
 #pragma once
 
+#include "actors/host.hpp"
 #include "actors/messages.hpp"
 #include "actors/session.hpp"
 #include "model/checkpoint.hpp"
@@ -55,6 +56,9 @@ struct cluster_options {
   int caf_threads = 2;   // scheduler.max-threads (CAF defaults to 4 on 2 cores)
   int blas_threads = 1;  // OpenBLAS threads per call (shards already run in parallel)
   std::chrono::milliseconds step_timeout{30000};  // deadline of one step
+
+  /// Where the shards live; null = in this process (nodes/spares/profile/memory above).
+  std::shared_ptr<shard_host> host;
 };
 
 using token_callback = std::function<void(uint64_t request, int token, const std::string& piece)>;

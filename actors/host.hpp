@@ -1,0 +1,55 @@
+// actors/host.hpp: where a cluster's shards live. The in-process host spawns
+// them in the front end's own actor system, one logical node per placement
+// node (actors/cluster.cpp). A remote host (issue #5, actors/remote.hpp) asks
+// node daemons over CAF's middleman to spawn them, each loading its slice
+// from its own copy of the model.
+//
+// The cluster calls, in order: nodes() for the placement, configure() before
+// its actor system exists, connect() once it does, then spawn() per shard.
+// Thread safety: called from the thread that runs cluster::start only.
+#pragma once
+
+#include "model/checkpoint.hpp"
+#include "model/result.hpp"
+#include "model/tokenizer.hpp"
+#include "model/transformer.hpp"
+#include "topologies/placement.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace cellshard::actors {
+
+struct node_state;
+
+/// What a host needs to start one shard.
+struct shard_request {
+  const topologies::shard* placed = nullptr;   // the placement's shard
+  model::slice_spec spec;                      // the same as a slice of the model
+  model::weight_format weights = model::weight_format::f32;
+  std::string kernels = "blas";
+};
+
+class shard_host {
+public:
+  virtual ~shard_host() = default;
+  /// The nodes offered to the placement (working nodes first, spares flagged).
+  virtual std::vector<topologies::node_spec> nodes() const = 0;
+  /// Adjusts the actor system's config (e.g. loads the middleman, heartbeats, TLS).
+  virtual result<void> configure(caf::actor_system_config& cfg) = 0;
+  /// Reaches the nodes (connects, checks fingerprints) before any shard starts.
+  virtual result<void> connect(caf::actor_system& sys, const model::model_file& file,
+                               const model::tokenizer& tok) = 0;
+  /// Starts one shard; an error names the node and the cause.
+  virtual result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) = 0;
+  /// Bytes in use on each node, by node index (empty when unknown).
+  virtual std::vector<uint64_t> node_memory() const { return {}; }
+  /// Called by cluster::shutdown after the shards were told to stop.
+  virtual void shutdown(caf::actor_system&) {}
+};
+
+}  // namespace cellshard::actors
