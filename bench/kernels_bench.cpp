@@ -1,0 +1,342 @@
+// `cellshard bench kernels`: see bench/kernels_bench.hpp.
+#include "bench/kernels_bench.hpp"
+
+#include "kernels/backend.hpp"
+#include "kernels/spe.hpp"
+
+#include <cblas.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace cellshard::bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+typedef float v4f __attribute__((vector_size(16)));
+
+struct free_deleter {
+  void operator()(void* p) const { std::free(p); }
+};
+template <class T>
+using aligned_ptr = std::unique_ptr<T[], free_deleter>;
+
+template <class T>
+aligned_ptr<T> alloc(std::size_t n) {
+  const std::size_t bytes = (n * sizeof(T) + 127) / 128 * 128;
+  return aligned_ptr<T>(static_cast<T*>(std::aligned_alloc(128, bytes)));
+}
+
+// xorshift64*: fast fill of large buffers (the values only need to be finite
+// and varied; the kernels' correctness is the tests' business).
+struct fast_rng {
+  uint64_t s;
+  uint32_t next() {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return static_cast<uint32_t>((s * 0x2545F4914F6CDD1Dull) >> 32);
+  }
+  float uniform() { return static_cast<float>(next() >> 8) * (2.0f / 16777216.0f) - 1.0f; }
+};
+
+// Median wall time of f() in seconds: calls until min_s have passed (at
+// least 2, at most 50), after one warm-up call when a call is short.
+template <class F>
+double time_median(F&& f, double min_s) {
+  std::vector<double> t;
+  const auto start = clock_type::now();
+  const auto t0 = clock_type::now();
+  f();
+  const double first = std::chrono::duration<double>(clock_type::now() - t0).count();
+  if (first > min_s) t.push_back(first);  // slow: the first call counts
+  while (t.size() < 2 ||
+         (std::chrono::duration<double>(clock_type::now() - start).count() < min_s && t.size() < 50)) {
+    const auto a = clock_type::now();
+    f();
+    t.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Read bandwidth: `threads` threads each sum their share of p[0..n) with
+// four vector accumulators. Best of 3 (bytes / s).
+double read_bandwidth(const float* p, std::size_t n, int threads) {
+  volatile float sink = 0;
+  auto pass = [&] {
+    std::vector<std::thread> ts;
+    std::vector<float> part(threads);
+    const std::size_t per = (n / threads) & ~std::size_t{15};
+    for (int i = 0; i < threads; ++i)
+      ts.emplace_back([&, i] {
+        const v4f* v = reinterpret_cast<const v4f*>(p + per * i);
+        v4f a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
+        for (std::size_t k = 0; k + 4 <= per / 4; k += 4) {
+          a0 += v[k];
+          a1 += v[k + 1];
+          a2 += v[k + 2];
+          a3 += v[k + 3];
+        }
+        const v4f s = (a0 + a1) + (a2 + a3);
+        part[i] = s[0] + s[1] + s[2] + s[3];
+      });
+    for (auto& t : ts) t.join();
+    for (float f : part) sink = sink + f;
+  };
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto a = clock_type::now();
+    pass();
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - a).count());
+  }
+  const std::size_t per = (n / threads) & ~std::size_t{15};
+  return static_cast<double>(per * threads * sizeof(float)) / best;
+}
+
+struct shape {
+  int rows, cols;
+  bool q8;
+};
+
+std::string fmt(double v, int prec = 3) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+
+std::string mib(double bytes) { return fmt(bytes / (1024.0 * 1024.0), 1); }
+
+}  // namespace
+
+std::string kernels_bench_json(const std::vector<kernels_bench_row>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json o = {{"name", r.name}, {"params", r.params}, {"value", r.value}, {"unit", r.unit}};
+    if (r.baseline >= 0) {
+      o["baseline"] = r.baseline;
+      o["baseline_name"] = r.baseline_name;
+      o["ratio"] = r.ratio;
+    }
+    j.push_back(o);
+  }
+  return j.dump(2) + "\n";
+}
+
+int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
+                      std::vector<kernels_bench_row>& rows) {
+  kernels::register_backend(&kernels::spe_backend());
+  kernels::register_backend(&kernels::spu_host_backend());
+  std::vector<const kernels::backend*> bes;
+  for (const auto& n : o.backends) {
+    const kernels::backend* be = kernels::find_backend(n);
+    if (!be) {
+      out << "bench kernels: unknown backend '" << n << "'\n";
+      return 1;
+    }
+    bes.push_back(be);
+  }
+  const int threads =
+      o.workers > 0 ? o.workers : std::max(1u, std::thread::hardware_concurrency());
+  const kernels::spe::options saved = kernels::spe::get_options();
+  kernels::spe::options so;
+  so.workers = threads;
+  kernels::spe::set_options(so);
+  kernels::set_blas_threads(threads);
+
+  // Default: f32 16 MiB (fits the 32 MiB L3 here), 64 MiB, 256 MiB; q8_0
+  // 17.0 MiB (fits), 272 MiB.
+  const bool custom = o.rows > 0 && o.cols > 0;
+  const std::vector<shape> shapes =
+      custom ? std::vector<shape>{{o.rows, o.cols, false}, {o.rows, o.cols, true}}
+             : std::vector<shape>{{2048, 2048, false}, {4096, 4096, false}, {8192, 8192, false},
+                                  {4096, 4096, true},  {16384, 16384, true}};
+
+  // The bandwidth probe reads 256 MiB by default (more than any cache).
+  const std::size_t probe_n = static_cast<std::size_t>(std::max(1, o.probe_mib)) << 18;
+  double probe_bps;
+  {
+    auto buf = alloc<float>(probe_n);
+    if (!buf) {
+      out << "bench kernels: cannot allocate the " << o.probe_mib << " MiB probe buffer\n";
+      return 1;
+    }
+    fast_rng r{0x9e3779b97f4a7c15ull};
+    for (std::size_t i = 0; i < probe_n; ++i) buf[i] = r.uniform();
+    probe_bps = read_bandwidth(buf.get(), probe_n, threads);
+  }
+  out << "bench kernels: " << threads << " thread(s) for blas/spe/sgemv (reference: 1)\n"
+      << "read bandwidth probe (" << o.probe_mib << " MiB, " << threads << " threads): " << fmt(probe_bps / 1e9, 2)
+      << " GB/s\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-10s %-9s %6s %6s %8s %10s %9s %8s %9s %9s %s\n", "kernel",
+                "backend", "rows", "cols", "MiB", "ms/call", "GFLOP/s", "GB/s", "x sgemv", "x probe",
+                "dma/weights");
+  out << line;
+  {
+    kernels_bench_row r;
+    r.name = "read_bandwidth";
+    r.params = {{"threads", std::to_string(threads)}, {"bytes", std::to_string(probe_n * 4)}};
+    r.value = probe_bps / 1e9;
+    r.unit = "GB/s";
+    rows.push_back(r);
+  }
+
+  int status = 0;
+  for (const shape& sh : shapes) {
+    const std::size_t n = static_cast<std::size_t>(sh.rows) * sh.cols;
+    const std::size_t nb = static_cast<std::size_t>(kernels::q8_blocks_per_row(sh.cols));
+    const double wbytes = sh.q8 ? static_cast<double>(sh.rows) * nb * sizeof(kernels::q8_block)
+                                : static_cast<double>(n) * sizeof(float);
+    const double io_bytes = wbytes + (sh.cols + sh.rows) * 4.0;
+    const double flops = 2.0 * static_cast<double>(n);
+    fast_rng r{0x1234567ull + n};
+    auto x = alloc<float>(sh.cols);
+    auto y = alloc<float>(sh.rows);
+    for (int i = 0; i < sh.cols; ++i) x[i] = r.uniform();
+    aligned_ptr<float> W;
+    aligned_ptr<kernels::q8_block> Wq;
+    if (sh.q8) {
+      Wq = alloc<kernels::q8_block>(static_cast<std::size_t>(sh.rows) * nb);
+      if (!Wq) {
+        out << "bench kernels: cannot allocate " << mib(wbytes) << " MiB\n";
+        status = 1;
+        break;
+      }
+      for (std::size_t b = 0; b < static_cast<std::size_t>(sh.rows) * nb; ++b) {
+        Wq[b].d = kernels::fp32_to_fp16(0.01f + 0.001f * static_cast<float>(r.next() % 16));
+        for (int i = 0; i < 32; ++i) Wq[b].qs[i] = static_cast<int8_t>(r.next() % 255 - 127);
+      }
+    } else {
+      W = alloc<float>(n);
+      if (!W) {
+        out << "bench kernels: cannot allocate " << mib(wbytes) << " MiB\n";
+        status = 1;
+        break;
+      }
+      for (std::size_t i = 0; i < n; ++i) W[i] = r.uniform();
+    }
+
+    // Baseline: OpenBLAS sgemv on the f32 matrix of this shape (for q8 shapes
+    // too: same product, 3.8x the bytes). Skipped for q8 shapes above 64 MiB of f32.
+    double sgemv_s = -1;
+    if (!sh.q8) {
+      sgemv_s = time_median(
+          [&] {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, sh.rows, sh.cols, 1.0f, W.get(), sh.cols,
+                        x.get(), 1, 0.0f, y.get(), 1);
+          },
+          o.min_seconds);
+    } else if (n * sizeof(float) <= (std::size_t{64} << 20)) {
+      auto Wf = alloc<float>(n);
+      for (std::size_t i = 0; i < n; ++i) Wf[i] = r.uniform();
+      sgemv_s = time_median(
+          [&] {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, sh.rows, sh.cols, 1.0f, Wf.get(), sh.cols,
+                        x.get(), 1, 0.0f, y.get(), 1);
+          },
+          o.min_seconds);
+    }
+    const char* kname = sh.q8 ? "matvec_q8" : "matvec_f32";
+    if (sgemv_s > 0) {
+      std::snprintf(line, sizeof line, "%-10s %-9s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
+                    "sgemv_f32", "openblas", sh.rows, sh.cols,
+                    mib(static_cast<double>(n) * 4).c_str(), sgemv_s * 1e3, flops / sgemv_s / 1e9,
+                    (static_cast<double>(n) * 4 + (sh.cols + sh.rows) * 4.0) / sgemv_s / 1e9,
+                    "1.000", (static_cast<double>(n) * 4 / sgemv_s) / probe_bps, "");
+      out << line;
+      kernels_bench_row br;
+      br.name = "sgemv_f32";
+      br.params = {{"rows", std::to_string(sh.rows)}, {"cols", std::to_string(sh.cols)},
+                   {"threads", std::to_string(threads)},
+                   {"ms_per_call", fmt(sgemv_s * 1e3, 4)}};
+      br.value = flops / sgemv_s / 1e9;
+      br.unit = "GFLOP/s";
+      rows.push_back(br);
+    }
+
+    for (const kernels::backend* be : bes) {
+      if (sh.q8 && !be->supports(kernels::op::matvec_q8) && be != &kernels::reference_backend())
+        continue;  // e.g. blas: its q8 slot is reference's loop, measured already
+      kernels::spe::reset_stats();
+      const double s = time_median(
+          [&] {
+            if (sh.q8)
+              be->matvec_q8(y.get(), Wq.get(), x.get(), sh.rows, sh.cols);
+            else
+              be->matvec(y.get(), W.get(), x.get(), sh.rows, sh.cols, sh.cols);
+          },
+          o.min_seconds);
+      const kernels::spe::stats st = kernels::spe::get_stats();
+      const bool cell = be == &kernels::spe_backend() || be == &kernels::spu_host_backend();
+      if (cell && st.errors > 0) {
+        out << "bench kernels: " << be->name << " failed: " << kernels::spe::last_error() << "\n";
+        status = 1;
+      }
+      std::string dma = "";
+      if (cell && st.kernel_calls > 0)
+        dma = fmt(static_cast<double>(st.dma.bytes_get) / static_cast<double>(st.kernel_calls) /
+                      wbytes,
+                  4);
+      const double gflops = flops / s / 1e9, gbps = io_bytes / s / 1e9;
+      const double vs_sgemv = sgemv_s > 0 ? sgemv_s / s : -1;
+      std::snprintf(line, sizeof line, "%-10s %-9s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
+                    kname, be->name, sh.rows, sh.cols, mib(wbytes).c_str(), s * 1e3, gflops, gbps,
+                    vs_sgemv > 0 ? fmt(vs_sgemv).c_str() : "-", io_bytes / s / probe_bps, dma.c_str());
+      out << line;
+      const int be_threads = be == &kernels::reference_backend() ? 1 : threads;
+      std::map<std::string, std::string> params = {
+          {"backend", be->name},
+          {"rows", std::to_string(sh.rows)},
+          {"cols", std::to_string(sh.cols)},
+          {"threads", std::to_string(be_threads)},
+          {"weight_mib", mib(wbytes)},
+          {"ms_per_call", fmt(s * 1e3, 4)}};
+      if (!dma.empty()) params["dma_bytes_per_weight_byte"] = dma;
+      kernels_bench_row a;
+      a.name = std::string(kname) + "_speed";
+      a.params = params;
+      a.value = gflops;
+      a.unit = "GFLOP/s";
+      if (sgemv_s > 0) {
+        a.baseline = flops / sgemv_s / 1e9;
+        a.baseline_name = "openblas sgemv f32";
+        a.ratio = a.value / a.baseline;
+      }
+      rows.push_back(a);
+      kernels_bench_row b;
+      b.name = std::string(kname) + "_bandwidth";
+      b.params = params;
+      b.value = gbps;
+      b.unit = "GB/s";
+      b.baseline = probe_bps / 1e9;
+      b.baseline_name = "read bandwidth probe";
+      b.ratio = b.value / b.baseline;
+      rows.push_back(b);
+    }
+  }
+  out << "GB/s counts weight + x + out bytes once per call; 'x sgemv' is speed relative to "
+         "OpenBLAS sgemv f32 on the same shape; 'x probe' is GB/s relative to the read "
+         "bandwidth probe; dma/weights is the spe backend's DMA-in bytes per weight byte.\n";
+  kernels::spe::set_options(saved);
+  return status;
+}
+
+int run_kernels_bench(const kernels_bench_options& o, std::ostream& out, std::string* json_out) {
+  std::vector<kernels_bench_row> rows;
+  const int st = run_kernels_bench(o, out, rows);
+  if (json_out) *json_out = kernels_bench_json(rows);
+  return st;
+}
+
+}  // namespace cellshard::bench
