@@ -71,7 +71,7 @@ double time_median(F&& f, double min_s) {
 }
 
 // Read bandwidth: `threads` threads each sum their share of p[0..n) with
-// four vector accumulators. Best of 3 (bytes / s).
+// four vector accumulators. Best of 5 (bytes / s).
 double read_bandwidth(const float* p, std::size_t n, int threads) {
   volatile float sink = 0;
   auto pass = [&] {
@@ -95,7 +95,7 @@ double read_bandwidth(const float* p, std::size_t n, int threads) {
     for (float f : part) sink = sink + f;
   };
   double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < 5; ++r) {
     const auto a = clock_type::now();
     pass();
     best = std::min(best, std::chrono::duration<double>(clock_type::now() - a).count());

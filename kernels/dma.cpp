@@ -1,6 +1,7 @@
 // The checked MFC model; rules and their sources are listed in kernels/dma.hpp.
 #include "kernels/dma.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -72,12 +73,12 @@ void engine::clear_windows() { windows_.clear(); }
 
 void engine::allow_read(const void* p, std::size_t bytes) {
   const auto a = reinterpret_cast<uint64_t>(p);
-  windows_.push_back({a & ~uint64_t{15}, (a + bytes + 15) & ~uint64_t{15}, false});
+  windows_.push_back({a & ~uint64_t{15}, (a + bytes + 15) & ~uint64_t{15}, a, a + bytes, false});
 }
 
 void engine::allow_write(void* p, std::size_t bytes) {
   const auto a = reinterpret_cast<uint64_t>(p);
-  windows_.push_back({a, a + bytes, true});
+  windows_.push_back({a, a + bytes, a, a + bytes, true});
 }
 
 int64_t engine::ls_offset(const volatile void* p) const {
@@ -129,7 +130,20 @@ fault engine::refuse(fault f, const char* cmd, int64_t ls_off, uint64_t ea, uint
 void engine::perform(const transfer& t) {
   auto* ea = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(t.ea));
   if (t.is_get) {
-    std::memcpy(ls_ + t.ls_off, ea, t.size);
+    // Copy the parts that belong to operands; the rest of the lines is NaN.
+    const uint64_t lo = t.ea, hi = t.ea + t.size;
+    bool whole = false;
+    for (const window& w : windows_)
+      if (w.exact_lo <= lo && hi <= w.exact_hi) whole = true;
+    if (whole) {
+      std::memcpy(ls_ + t.ls_off, ea, t.size);
+    } else {
+      std::memset(ls_ + t.ls_off, 0xff, t.size);
+      for (const window& w : windows_) {
+        const uint64_t a = std::max(lo, w.exact_lo), b = std::min(hi, w.exact_hi);
+        if (a < b) std::memcpy(ls_ + t.ls_off + (a - lo), ea + (a - lo), b - a);
+      }
+    }
     stats_.bytes_get += t.size;
   } else {
     std::memcpy(ea, ls_ + t.ls_off, t.size);

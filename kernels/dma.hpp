@@ -22,7 +22,11 @@
 //   request as a no-op; we reject it as it only ever comes from a tiling bug.)
 // - LS range inside the data region; EA range inside an operand window that
 //   the caller registered for this kernel (reads may extend to the enclosing
-//   16-byte lines, which never leave the page; writes must stay exact);
+//   16-byte lines, which never leave the page; writes must stay exact). A get
+//   copies only the bytes that belong to some operand and fills the rest of
+//   those lines with 0xff (NaN as floats): on a Cell they would be whatever
+//   lies next to the operand, which a kernel must never use, and the host
+//   never reads outside the caller's objects;
 // - lists: 2..2048 elements, 8-byte aligned in LS, no stall-and-notify bit,
 //   no element crossing a 4 GiB EA boundary. An invalid list is rejected as a
 //   whole. (The project's rule of at least 2 elements is stricter than the
@@ -193,7 +197,8 @@ private:
     uint32_t tag;
   };
   struct window {
-    uint64_t lo, hi;  // [lo, hi)
+    uint64_t lo, hi;              // [lo, hi): what a transfer may touch
+    uint64_t exact_lo, exact_hi;  // the operand itself
     bool writable;
   };
   fault check(bool is_get, int64_t ls_off, uint64_t ea, uint64_t size) const;

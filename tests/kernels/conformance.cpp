@@ -14,6 +14,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -398,5 +400,36 @@ TEST_CASE("a shape beyond the local store is an error value, outputs NaN", "[ker
   const spe::status st2 = spe::attention(out2.data(), big.data(), big.data(), big.data(),
                                          att2.data(), 1, 1, 9000, 9000, 1);
   CHECK(st2.spu == SPU_ERR_LS_BUDGET);
+  spe::set_options(saved);
+}
+
+TEST_CASE("spe kernels are re-entrant across threads sharing the pool", "[kernels][spe]") {
+  // Several threads (as tensor-parallel shards in one process would) call spe
+  // at once; the pool serves one call, the others run their jobs on their own
+  // threads. Every result must equal the single-threaded one bit for bit.
+  const spe::options saved = spe::get_options();
+  spe::options o;
+  o.workers = 3;
+  o.min_rows_per_worker = 4;
+  spe::set_options(o);
+  const int rows = 300, cols = 77;
+  test::rng r(11);
+  std::vector<float> W(static_cast<std::size_t>(rows) * cols), x(cols), want(rows);
+  test::fill(r, W.data(), W.size());
+  test::fill(r, x.data(), cols);
+  REQUIRE(spe::matvec(want.data(), W.data(), x.data(), rows, cols, cols));
+  std::atomic<int> mismatches{0}, failures{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&] {
+      std::vector<float> out(rows);
+      for (int i = 0; i < 50; ++i) {
+        if (!spe::matvec(out.data(), W.data(), x.data(), rows, cols, cols)) ++failures;
+        if (out != want) ++mismatches;
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(failures == 0);
+  CHECK(mismatches == 0);
   spe::set_options(saved);
 }
