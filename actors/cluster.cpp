@@ -44,8 +44,13 @@ public:
     if (!w) return w.err();
     shard_init init;
     init.index = req.placed->index;
+    init.stage = req.placed->stage;
     init.rank = req.placed->rank;
     init.group_size = req.placed->group_size;
+    init.checkpoint_every = req.checkpoint_every;
+    init.faults = req.faults;
+    init.heartbeat = req.heartbeat;
+    init.coordinator = req.coordinator;
     init.weights = *w;
     init.backend = kernels::find_backend(req.kernels);
     if (!init.backend) return make_error("kernels: unknown backend '" + req.kernels + "'");
@@ -75,8 +80,8 @@ struct cluster::impl {
   std::shared_ptr<const model::tokenizer> tok;
   topologies::placement plan;
   std::shared_ptr<shard_host> host;
-  std::vector<caf::actor> shards;                   // by placement index
-  caf::actor entry;
+  std::shared_ptr<runtime_shared> rt;  // placement state, shards by placement index
+  caf::actor supervisor;               // the cluster supervisor
   std::mutex mu;
   std::map<uint64_t, caf::actor> sessions;
   std::atomic<uint64_t> next_id{1};
@@ -146,42 +151,23 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto conn = im->host->connect(*im->sys, *im->file, *im->tok);
   if (!conn) return conn.err();
 
-  for (const auto& s : im->plan.shards) {
-    shard_request req;
-    req.placed = &s;
-    req.spec.layer_begin = s.layers.begin;
-    req.spec.layer_end = s.layers.end;
-    req.spec.kv_head_begin = s.kv_heads.begin;
-    req.spec.kv_head_end = s.kv_heads.end;
-    req.spec.ffn_begin = s.ffn.begin;
-    req.spec.ffn_end = s.ffn.end;
-    req.spec.embedding = s.has_embedding;
-    req.spec.classifier = s.has_classifier;
-    req.weights = *fmt;
-    req.kernels = opts.kernels;
-    auto a = im->host->spawn(*im->sys, req);
-    if (!a) {
-      for (auto& started : im->shards) caf::anon_send_exit(started, caf::exit_reason::user_shutdown);
-      return make_error("placement index " + std::to_string(s.index) + " on node " +
-                        std::to_string(s.node) + ": " + a.message());
-    }
-    im->shards.push_back(*a);
-  }
-  for (size_t st = 0; st < im->plan.stages.size(); ++st) {
-    wiring w;
-    for (int idx : im->plan.stages[st].shards) {
-      w.group.push_back(im->shards[idx]);
-      w.group_nodes.push_back(im->plan.shards[idx].node);
-    }
-    if (st + 1 < im->plan.stages.size())
-      for (int idx : im->plan.stages[st + 1].shards) {
-        w.next.push_back(im->shards[idx]);
-        w.next_nodes.push_back(im->plan.shards[idx].node);
-      }
-    for (int idx : im->plan.stages[st].shards)
-      caf::anon_send(im->shards[idx], wire_atom::value, w);
-  }
-  im->entry = im->shards[im->plan.stages.front().shards.front()];
+  // The supervision tree spawns the shards (through the host) and wires them.
+  auto rt = std::make_shared<runtime_shared>();
+  rt->plan = im->plan;
+  rt->host = im->host;
+  rt->weights = *fmt;
+  rt->kernels = opts.kernels;
+  rt->opts.checkpoint_every = opts.checkpoint_every;
+  rt->opts.max_restarts = opts.max_restarts;
+  rt->opts.restart_period = opts.restart_period;
+  rt->opts.detector = opts.detector;
+  rt->opts.heartbeat = opts.heartbeat;
+  if (!opts.faults.empty())
+    rt->opts.faults = std::make_shared<supervision::fault_injector>(opts.faults);
+  auto sup = start_runtime(*im->sys, rt, opts.step_timeout);
+  if (!sup) return sup.err();
+  im->supervisor = *sup;
+  im->rt = rt;
   return std::unique_ptr<cluster>(new cluster(std::move(im)));
 }
 
@@ -194,9 +180,24 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.params = model::normalise(std::move(params), im.file->cfg().seq_len);
   spec.tok = im.tok;
   spec.vocab_size = im.file->cfg().vocab_size;
-  spec.entry = im.entry;
-  spec.shards = im.shards;
+  {
+    std::lock_guard<std::mutex> lock(im.rt->mu);
+    spec.shards = im.rt->actor_of;
+    spec.entry = im.rt->actor_of[im.plan.stages.front().shards.front()];
+    if (im.rt->failed) {
+      session_outcome o;
+      o.ok = false;
+      o.error = im.rt->failure;
+      if (on_done) on_done(id, o);
+      return id;
+    }
+  }
+  for (const auto& sh : im.plan.shards) spec.stage_of.push_back(sh.stage);
+  for (const auto& stg : im.plan.stages) spec.stages.push_back(stg.shards);
+  spec.coordinator = im.rt->coordinator;
   spec.step_timeout = im.opts.step_timeout;
+  spec.step_timeout_min = im.opts.step_timeout_min;
+  spec.corrupt_checkpoints_of = im.opts.corrupt_checkpoints_of;
   if (on_token) spec.on_token = [id, on_token](int t, const std::string& p) { on_token(id, t, p); };
   impl* self = impl_.get();
   spec.on_done = [id, on_done, self](const session_outcome& o) {
@@ -241,7 +242,12 @@ result<session_outcome> cluster::generate(model::generation_params params, token
 result<std::vector<shard_stats>> cluster::stats(std::chrono::milliseconds deadline) {
   std::vector<shard_stats> out;
   caf::scoped_actor self{*impl_->sys};
-  for (auto& s : impl_->shards) {
+  std::vector<caf::actor> shards;
+  {
+    std::lock_guard<std::mutex> lock(impl_->rt->mu);
+    shards = impl_->rt->actor_of;
+  }
+  for (auto& s : shards) {
     std::string err;
     self->request(s, deadline, stats_atom::value)
         .receive([&](shard_stats& st) { out.push_back(st); },
@@ -254,6 +260,23 @@ result<std::vector<shard_stats>> cluster::stats(std::chrono::milliseconds deadli
 std::vector<uint64_t> cluster::node_memory() const { return impl_->host->node_memory(); }
 
 const topologies::placement& cluster::placement() const { return impl_->plan; }
+
+std::vector<fault_record> cluster::faults() const {
+  // Let the coordinator handle the reports already sent to it (in process a
+  // mailbox keeps causal order: a session's report precedes its on_done).
+  {
+    caf::scoped_actor self{*impl_->sys};
+    self->request(impl_->rt->coordinator, std::chrono::seconds(5), fault_atom::value)
+        .receive([](bool) {}, [](caf::error&) {});
+  }
+  std::lock_guard<std::mutex> lock(impl_->rt->mu);
+  return impl_->rt->faults;
+}
+
+std::vector<int> cluster::current_nodes() const {
+  std::lock_guard<std::mutex> lock(impl_->rt->mu);
+  return impl_->rt->node_of;
+}
 const model::config& cluster::config() const { return impl_->file->cfg(); }
 const model::tokenizer& cluster::tokenizer() const { return *impl_->tok; }
 
@@ -267,9 +290,7 @@ void cluster::shutdown() {
     sessions = impl_->sessions;
   }
   for (auto& kv : sessions) caf::anon_send(kv.second, cancel_atom::value);
-  for (auto& s : impl_->shards) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
-  impl_->shards.clear();
-  impl_->entry = nullptr;
+  stop_runtime(*impl_->rt, impl_->supervisor);
   impl_->host->shutdown(*impl_->sys);
   impl_->sys.reset();  // waits for every actor to finish
 }

@@ -22,6 +22,7 @@
 
 #include "actors/host.hpp"
 #include "actors/messages.hpp"
+#include "actors/recovery.hpp"
 #include "actors/session.hpp"
 #include "model/checkpoint.hpp"
 #include "model/generate.hpp"
@@ -55,7 +56,17 @@ struct cluster_options {
 
   int caf_threads = 2;   // scheduler.max-threads (CAF defaults to 4 on 2 cores)
   int blas_threads = 1;  // OpenBLAS threads per call (shards already run in parallel)
-  std::chrono::milliseconds step_timeout{30000};  // deadline of one step
+  std::chrono::milliseconds step_timeout{30000};      // deadline of a prefill step (and ceiling)
+  std::chrono::milliseconds step_timeout_min{2000};   // floor of a decode step's adaptive deadline
+
+  // Supervision (issue #6).
+  int checkpoint_every = 16;                          // positions between KV checkpoint deltas
+  uint32_t max_restarts = 3;                          // restart intensity: R restarts ...
+  std::chrono::milliseconds restart_period{10000};    // ... in T
+  supervision::phi_accrual_config detector;           // heartbeat failure detector
+  std::chrono::milliseconds heartbeat{100};
+  std::vector<supervision::fault_plan> faults;        // --fault / --faults
+  int corrupt_checkpoints_of = -1;                    // test hook (session_spec)
 
   /// Where the shards live; null = in this process (nodes/spares/profile/memory above).
   std::shared_ptr<shard_host> host;
@@ -86,6 +97,10 @@ public:
   std::vector<uint64_t> node_memory() const;
 
   const topologies::placement& placement() const;
+  /// Every fault that fired so far, with detection and recovery times.
+  std::vector<fault_record> faults() const;
+  /// The node each placement index runs on now (changes when shards move to spares).
+  std::vector<int> current_nodes() const;
   const model::config& config() const;
   const model::tokenizer& tokenizer() const;
   /// Stops every actor; further submits fail. Idempotent; the destructor calls it.

@@ -13,6 +13,7 @@
 #include "model/result.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
+#include "supervision/fault_plan.hpp"
 #include "topologies/placement.hpp"
 
 #include <caf/actor.hpp>
@@ -32,6 +33,12 @@ struct shard_request {
   model::slice_spec spec;                      // the same as a slice of the model
   model::weight_format weights = model::weight_format::f32;
   std::string kernels = "blas";
+  // Runtime hooks of the shard (shard_init): checkpoint interval, fault
+  // injection, the node's heartbeat sender, and the coordinator.
+  int checkpoint_every = 16;
+  std::shared_ptr<supervision::fault_injector> faults;
+  caf::actor heartbeat;
+  caf::actor coordinator;
 };
 
 class shard_host {

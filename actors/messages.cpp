@@ -89,6 +89,20 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<shard_error>("cs_shard_error");
   cfg.add_message_type<wiring>("cs_wiring");
   cfg.add_message_type<shard_stats>("cs_shard_stats");
+  cfg.add_message_type<kv_delta>("cs_kv_delta");
+  cfg.add_message_type<restore_req>("cs_restore_req");
+  cfg.add_message_type<fault_report>("cs_fault_report");
+  cfg.add_message_type<shard_restarted>("cs_shard_restarted");
+  cfg.add_message_type<cluster_failed>("cs_cluster_failed");
+  // node daemons (issue #5)
+  cfg.add_message_type<cluster_fingerprint>("cs_fingerprint");
+  cfg.add_message_type<node_join>("cs_node_join");
+  cfg.add_message_type<node_joined>("cs_node_joined");
+  cfg.add_message_type<node_peers>("cs_node_peers");
+  cfg.add_message_type<node_peers_done>("cs_node_peers_done");
+  cfg.add_message_type<shard_spawn>("cs_shard_spawn");
+  cfg.add_message_type<shard_spawned>("cs_shard_spawned");
+  cfg.add_message_type<node_report>("cs_node_report");
 }
 
 }  // namespace cellshard::actors

@@ -87,14 +87,18 @@ typename Inspector::result_type inspect(Inspector& f, step_id& x) {
 
 /// session -> embedding holder: tokens of positions [pos0, pos0+count).
 /// `reply_to` receives the logits of the batch's last position.
+/// `replay_until` >= 0 marks a replay (recovery): the stages up to and
+/// including that stage recompute the positions (rebuilding their KV caches;
+/// KV writes are idempotent by position) and nothing goes past it.
 struct forward_req {
   step_id id;
   std::vector<int32_t> tokens;
   caf::actor reply_to;
+  int32_t replay_until = -1;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_req& x) {
-  return f(caf::meta::type_name("forward_req"), x.id, x.tokens, x.reply_to);
+  return f(caf::meta::type_name("forward_req"), x.id, x.tokens, x.reply_to, x.replay_until);
 }
 
 /// stage -> next stage: the residual stream x [count x dim] after the stage.
@@ -104,10 +108,11 @@ struct activation {
   blob x;
   int64_t compute_ns = 0;
   caf::actor reply_to;
+  int32_t replay_until = -1;  // as forward_req
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, activation& x) {
-  return f(caf::meta::type_name("activation"), x.id, x.x, x.compute_ns, x.reply_to);
+  return f(caf::meta::type_name("activation"), x.id, x.x, x.compute_ns, x.reply_to, x.replay_until);
 }
 
 /// TP rank -> the other ranks of its group: its partial sum [count x dim] of
@@ -182,7 +187,209 @@ typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
            x.sessions, x.compute_ns, x.bytes_sent, x.bytes_received, x.link_to, x.link_bytes);
 }
 
+// -- recovery (issue #6) -----------------------------------------------------------
+using restore_atom = caf::atom_constant<caf::atom("cs_restore")>;  // reply to a restore
+using replay_atom = caf::atom_constant<caf::atom("cs_replay")>;    // upstream: re-send a range
+using trim_atom = caf::atom_constant<caf::atom("cs_trim")>;        // upstream: drop log below c
+using resume_atom = caf::atom_constant<caf::atom("cs_resume")>;    // a slowed step may run now
+using fault_atom = caf::atom_constant<caf::atom("cs_fault")>;      // a fault fired (report)
+
+/// shard -> session: KV rows of positions [begin, end) of every layer of the
+/// shard (K then V per layer, model::kv_cache::rows), a checkpoint delta.
+struct kv_delta {
+  uint64_t session = 0;
+  int32_t index = 0;  // placement index of the shard
+  int32_t begin = 0, end = 0;
+  blob rows;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_delta& x) {
+  return f(caf::meta::type_name("kv_delta"), x.session, x.index, x.begin, x.end, x.rows);
+}
+
+/// session -> restarted shard: restore the session's KV cache from deltas
+/// (each [begins[i], ends[i]) with rows parts[i]); replied with restore_atom.
+struct restore_req {
+  uint64_t session = 0;
+  uint32_t epoch = 0;
+  std::vector<int32_t> begins, ends;
+  std::vector<blob> parts;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, restore_req& x) {
+  return f(caf::meta::type_name("restore_req"), x.session, x.epoch, x.begins, x.ends, x.parts);
+}
+
+/// A fault that fired, as the shard saw it (for the fault report).
+struct fault_report {
+  std::string kind;
+  int32_t index = 0;   // placement index
+  int32_t node = 0;
+  int64_t step = 0;
+  int64_t at_ns = 0;   // steady_clock time since epoch
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, fault_report& x) {
+  return f(caf::meta::type_name("fault_report"), x.kind, x.index, x.node, x.step, x.at_ns);
+}
+
+/// coordinator -> sessions: shard `index` runs again as `handle` (new epoch needed).
+struct shard_restarted {
+  int32_t index = 0;
+  int32_t stage = 0;
+  int32_t node = 0;          // where it runs now
+  caf::actor handle;
+  caf::actor entry;          // the (possibly new) embedding holder
+  caf::actor stage_head;     // rank 0 of the previous stage (the replay source), if any
+  std::vector<caf::actor> stage_group;  // the shards of its stage, rank order
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_restarted& x) {
+  return f(caf::meta::type_name("shard_restarted"), x.index, x.stage, x.node, x.handle, x.entry,
+           x.stage_head, x.stage_group);
+}
+
+/// coordinator -> sessions: recovery is impossible (intensity exceeded, no capacity).
+struct cluster_failed {
+  std::string message;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cluster_failed& x) {
+  return f(caf::meta::type_name("cluster_failed"), x.message);
+}
+
 /// Registers every message type above with a config (call in every process).
 void register_messages(caf::actor_system_config& cfg);
+
+// -- node daemons (issue #5: actors/daemon.hpp, actors/remote.hpp) ------------------
+// A front end (actors/remote.hpp) talks to each node daemon's published actor:
+//   node_join   -> node_joined      fingerprint check; the daemon learns its node index
+//   node_peers  -> node_peers_done  the daemon opens direct connections to other daemons
+//   shard_spawn -> shard_spawned    the daemon loads the slice and spawns a shard
+//   stats_atom  -> node_report      memory in use on the node
+// Every request carries a deadline on the requesting side. These types are
+// registered by register_messages() as well.
+
+/// Version of the protocol above; part of the cluster fingerprint.
+constexpr uint32_t node_protocol_version = 1;
+
+/// What every member of a cluster must agree on, checked when a node joins.
+struct cluster_fingerprint {
+  uint32_t protocol = node_protocol_version;
+  std::string model_name;         // file name of the model (no folder)
+  uint64_t model_digest = 0;      // model::model_file::digest(): XXH64 of the file
+  std::string tokenizer_name;     // file name of the tokenizer
+  uint64_t tokenizer_digest = 0;  // model::tokenizer::digest()
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cluster_fingerprint& x) {
+  return f(caf::meta::type_name("cluster_fingerprint"), x.protocol, x.model_name, x.model_digest,
+           x.tokenizer_name, x.tokenizer_digest);
+}
+
+/// front end -> daemon: join the cluster as node `node` (its position in the
+/// cluster file). `owner` lives as long as the front end's cluster; when it
+/// goes down (or its connection is lost) the daemon stops the shards it
+/// spawned for it.
+struct node_join {
+  cluster_fingerprint fp;  // the front end's
+  int32_t node = 0;
+  caf::actor owner;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_join& x) {
+  return f(caf::meta::type_name("node_join"), x.fp, x.node, x.owner);
+}
+
+/// daemon -> front end. A non-empty `error` refuses the join (e.g. the model
+/// file is not in the daemon's --models folder); `fp` is the daemon's own
+/// fingerprint (of its copies of the files), compared by the front end.
+struct node_joined {
+  std::string error;
+  cluster_fingerprint fp;
+  std::string models_dir;
+  std::string profile;
+  uint64_t budget_bytes = 0;  // 0 = unlimited
+  uint64_t used_bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_joined& x) {
+  return f(caf::meta::type_name("node_joined"), x.error, x.fp, x.models_dir, x.profile,
+           x.budget_bytes, x.used_bytes);
+}
+
+/// front end -> daemon: open direct connections to these daemons, so that
+/// stage-to-stage traffic does not pass through the front end (CAF 0.17
+/// routes through the node that introduced an actor otherwise).
+struct node_peers {
+  std::vector<int32_t> nodes;  // node index of each peer (for messages)
+  std::vector<std::string> hosts;
+  std::vector<uint16_t> ports;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_peers& x) {
+  return f(caf::meta::type_name("node_peers"), x.nodes, x.hosts, x.ports);
+}
+
+/// daemon -> front end: empty `error` when every peer is connected.
+struct node_peers_done {
+  std::string error;
+  int32_t connected = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_peers_done& x) {
+  return f(caf::meta::type_name("node_peers_done"), x.error, x.connected);
+}
+
+/// front end -> daemon: start the shard at placement index `index` (the
+/// fields of topologies::shard and model::slice_spec it needs). The daemon
+/// loads the slice from its copy of the joined model file.
+struct shard_spawn {
+  caf::actor owner;
+  int32_t index = 0, stage = 0, rank = 0, group_size = 1, node = 0;
+  int32_t layer_begin = 0, layer_end = 0, kv_head_begin = 0, kv_head_end = 0;
+  int32_t ffn_begin = 0, ffn_end = 0;
+  bool embedding = false, classifier = false;
+  std::string weights = "f32";   // f32 | q8_0
+  std::string kernels = "blas";
+  uint64_t kv_bytes = 0;         // the placement's KV cache and buffer need beyond
+  uint64_t buffer_bytes = 0;     // the weights (checked against the node's budget)
+  int32_t checkpoint_every = 16;
+  caf::actor heartbeat;          // shard_init::heartbeat (may be invalid)
+  caf::actor coordinator;        // shard_init::coordinator (may be invalid)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
+  return f(caf::meta::type_name("shard_spawn"), x.owner, x.index, x.stage, x.rank, x.group_size,
+           x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
+           x.ffn_end, x.embedding, x.classifier, x.weights, x.kernels, x.kv_bytes, x.buffer_bytes,
+           x.checkpoint_every, x.heartbeat, x.coordinator);
+}
+
+/// daemon -> front end: the shard (a proxy on the front end's side), or why not.
+struct shard_spawned {
+  std::string error;
+  caf::actor shard;
+  uint64_t weight_bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_spawned& x) {
+  return f(caf::meta::type_name("shard_spawned"), x.error, x.shard, x.weight_bytes);
+}
+
+/// daemon -> (stats_atom) requester: the node's memory and load.
+struct node_report {
+  int32_t node = 0;
+  std::string profile;
+  uint64_t budget_bytes = 0;  // 0 = unlimited
+  uint64_t used_bytes = 0;    // weights + KV caches of every shard on it
+  int32_t shards = 0;
+  int32_t clients = 0;        // front ends with shards here
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_report& x) {
+  return f(caf::meta::type_name("node_report"), x.node, x.profile, x.budget_bytes, x.used_bytes,
+           x.shards, x.clients);
+}
 
 }  // namespace cellshard::actors

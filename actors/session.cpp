@@ -1,14 +1,22 @@
 #include "actors/session.hpp"
 
 #include "actors/messages.hpp"
+#include "supervision/checkpoint.hpp"
 
 #include <caf/all.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
 
 namespace cellshard::actors {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+using join_atom = caf::atom_constant<caf::atom("cs_join")>;
+using leave_atom = caf::atom_constant<caf::atom("cs_leave")>;
+using recovered_atom = caf::atom_constant<caf::atom("cs_recov")>;
 
 struct session_state {
   session_spec spec;
@@ -16,13 +24,25 @@ struct session_state {
   std::unique_ptr<model::sampler> smp;
   session_outcome out;
   int token = 0;    // the token at position pos
-  int pos = 0;      // next position to run
+  int pos = 0;      // next position to run (the first of the step in flight)
+  std::vector<int32_t> inflight;  // tokens of the step in flight
   uint32_t epoch = 0;
   uint64_t step_seq = 0;  // identifies the deadline of the step in flight
-  clock_type::time_point t0, last, first;
+  int retries_left = 0;
+  double ewma_step_ms = 0;
+  clock_type::time_point t0, last, first, step_sent;
   bool have_first = false;
   int64_t compute_ns = 0;
   bool done = false;
+  // Recovery:
+  supervision::checkpoint_store store;  // KV deltas of every shard, off-node
+  std::vector<int32_t> ckpt_end;        // per placement index
+  std::vector<int32_t> trimmed;         // per stage: replay log trimmed below
+  std::set<int> restarted;              // indices awaiting restore
+  uint64_t recovery_seq = 0;
+  bool recovering = false;
+  recovery_record current;
+  clock_type::time_point recovery_start;
   static inline const char* name = "cellshard.session";
 };
 
@@ -31,6 +51,8 @@ using session_actor = caf::stateful_actor<session_state>;
 double ms_since(clock_type::time_point t) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
 }
+
+std::string key_of(int index) { return "shard-" + std::to_string(index); }
 
 void finish(session_actor* self, bool ok, std::string error, bool cancelled = false) {
   auto& st = self->state;
@@ -46,21 +68,30 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
     const double s = std::chrono::duration<double>(clock_type::now() - st.first).count();
     r.tokens_per_s = s > 0 ? (st.pos - 1) / s : 0;
   }
-  for (auto& s : st.spec.shards) self->send(s, close_atom::value, st.spec.id);
+  for (auto& s : st.spec.shards)
+    if (s) self->send(s, close_atom::value, st.spec.id);
+  if (st.spec.coordinator) self->send(st.spec.coordinator, leave_atom::value, caf::actor{self});
   if (st.spec.on_done) st.spec.on_done(st.out);
   self->quit();
 }
 
-/// Sends positions [pos, pos + count) and arms the step's deadline.
-void send_step(session_actor* self, std::vector<int32_t> tokens) {
+std::chrono::milliseconds deadline_of(const session_state& st, bool prefill) {
+  if (prefill || st.ewma_step_ms <= 0) return st.spec.step_timeout;
+  auto d = std::chrono::milliseconds(static_cast<int64_t>(10 * st.ewma_step_ms));
+  return std::clamp(d, st.spec.step_timeout_min, st.spec.step_timeout);
+}
+
+/// Sends the step in flight (positions [pos, pos + inflight.size())) and arms its deadline.
+void send_step(session_actor* self) {
   auto& st = self->state;
   forward_req req;
-  req.id = step_id{st.spec.id, st.epoch, st.pos, static_cast<int32_t>(tokens.size())};
-  req.tokens = std::move(tokens);
+  req.id = step_id{st.spec.id, st.epoch, st.pos, static_cast<int32_t>(st.inflight.size())};
+  req.tokens = st.inflight;
   req.reply_to = self;
   self->send(st.spec.entry, std::move(req));
+  st.step_sent = clock_type::now();
   const uint64_t seq = ++st.step_seq;
-  self->delayed_send(self, st.spec.step_timeout, timeout_atom::value, seq);
+  self->delayed_send(self, deadline_of(st, st.inflight.size() > 1), timeout_atom::value, seq);
 }
 
 void emit(session_actor* self, int next) {
@@ -82,9 +113,120 @@ void emit(session_actor* self, int next) {
   }
 }
 
+// -- recovery ---------------------------------------------------------------------
+
+void resend_inflight(session_actor* self) {
+  auto& st = self->state;
+  st.recovering = false;
+  send_step(self);
+}
+
+/// Rebuilds positions [c, pos) in the restarted shards' stages: from the
+/// upstream stage's replay log when one stage (not the first) is affected,
+/// else from the token log through stages 0..last affected.
+void replay(session_actor* self, int c) {
+  auto& st = self->state;
+  const int n = st.pos - c;
+  st.current.restored_to = c;
+  st.current.replayed_positions = n;
+  if (n <= 0) {
+    resend_inflight(self);
+    return;
+  }
+  std::set<int> stages;
+  for (int i : st.restarted) stages.insert(st.spec.stage_of[i]);
+  const int last = *stages.rbegin();
+  auto from_tokens = [self, c, last] {
+    auto& st = self->state;
+    forward_req req;
+    req.id = step_id{st.spec.id, st.epoch, c, st.pos - c};
+    const auto& ids = st.out.result.ids;  // ids[p] is the token at position p
+    req.tokens.assign(ids.begin() + c, ids.begin() + st.pos);
+    req.reply_to = self;
+    req.replay_until = last;
+    self->send(st.spec.entry, std::move(req));
+    st.current.from_upstream_log = false;
+    resend_inflight(self);
+  };
+  if (stages.size() == 1 && last > 0) {
+    const auto& head = st.spec.shards[st.spec.stages[last - 1].front()];
+    const uint64_t seq = st.recovery_seq;
+    self->request(head, st.spec.step_timeout, replay_atom::value, st.spec.id, st.epoch,
+                  static_cast<int32_t>(c), static_cast<int32_t>(st.pos), static_cast<int32_t>(last))
+        .then(
+            [self, seq, from_tokens](bool ok) {
+              if (self->state.done || seq != self->state.recovery_seq) return;
+              if (!ok) {
+                from_tokens();
+                return;
+              }
+              self->state.current.from_upstream_log = true;
+              resend_inflight(self);
+            },
+            [self, seq, from_tokens](caf::error&) {
+              if (self->state.done || seq != self->state.recovery_seq) return;
+              from_tokens();
+            });
+    return;
+  }
+  from_tokens();
+}
+
+/// Starts (or restarts) a recovery of every shard in st.restarted: new epoch,
+/// restore each from its newest valid checkpoint, then replay and re-send.
+void recover(session_actor* self) {
+  auto& st = self->state;
+  ++st.epoch;
+  ++st.step_seq;  // the deadline of the abandoned step no longer applies
+  const uint64_t seq = ++st.recovery_seq;
+  st.recovering = true;
+  st.recovery_start = clock_type::now();
+  st.current = recovery_record{};
+  st.current.indices.assign(st.restarted.begin(), st.restarted.end());
+  st.current.position = st.pos;
+  auto pending = std::make_shared<int>(static_cast<int>(st.restarted.size()));
+  auto c_min = std::make_shared<int>(st.pos);
+  for (int i : st.restarted) {
+    restore_req req;
+    req.session = st.spec.id;
+    req.epoch = st.epoch;
+    auto chain = st.store.restore_deltas(key_of(i), 0, static_cast<uint64_t>(st.pos));
+    if (chain) {
+      for (auto& part : chain->parts) {
+        req.begins.push_back(static_cast<int32_t>(part.begin));
+        req.ends.push_back(static_cast<int32_t>(part.end));
+        blob b;
+        b.data.resize(part.payload.size() / sizeof(float));
+        std::memcpy(b.data.data(), part.payload.data(), b.data.size() * sizeof(float));
+        req.parts.push_back(std::move(b));
+      }
+      if (!chain->stopped.empty()) st.current.checkpoint_note = key_of(i) + ": " + chain->stopped;
+    }
+    self->request(st.spec.shards[i], st.spec.step_timeout, std::move(req))
+        .then(
+            [self, seq, pending, c_min](restore_atom, int32_t end) {
+              auto& st = self->state;
+              if (st.done || seq != st.recovery_seq) return;
+              *c_min = std::min(*c_min, static_cast<int>(end));
+              if (--*pending == 0) replay(self, *c_min);
+            },
+            [self, seq, i](caf::error& e) {
+              auto& st = self->state;
+              if (st.done || seq != st.recovery_seq) return;
+              finish(self, false,
+                     "recovery failed: placement index " + std::to_string(i) +
+                         " did not restore its KV cache: " + to_string(e));
+            });
+  }
+}
+
 caf::behavior session_behavior(session_actor* self, session_spec spec) {
   auto& st = self->state;
   st.spec = std::move(spec);
+  st.retries_left = st.spec.max_retries;
+  st.ckpt_end.assign(st.spec.shards.size(), 0);
+  st.trimmed.assign(st.spec.stages.size(), 0);
+  if (st.spec.coordinator) self->send(st.spec.coordinator, join_atom::value, caf::actor{self});
   st.prompt = st.spec.tok->encode(st.spec.params.prompt, true, false);
   st.smp = std::make_unique<model::sampler>(st.spec.vocab_size, st.spec.params.sampling);
   st.out.result.prompt_tokens = static_cast<int>(st.prompt.size());
@@ -103,29 +245,81 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
     st.pos = steps;
     self->send(self, timeout_atom::value, uint64_t{0});  // finishes below
   } else {
-    st.token = st.prompt[0];
-    std::vector<int32_t> toks(st.prompt.begin(), st.prompt.begin() + batch);
+    st.inflight.assign(st.prompt.begin(), st.prompt.begin() + batch);
     st.token = st.prompt[batch - 1];
-    send_step(self, std::move(toks));
+    send_step(self);
   }
   return {
       [=](logits_msg& m) {
         auto& st = self->state;
-        if (st.done || m.id.epoch != st.epoch || m.id.pos0 != st.pos) return;  // stale
+        if (st.done || st.recovering || m.id.epoch != st.epoch || m.id.pos0 != st.pos) return;  // stale
         if (!m.logits.ok() || m.logits.data.size() != static_cast<size_t>(st.spec.vocab_size)) {
           finish(self, false, "corrupt logits for position " + std::to_string(m.id.pos0 + m.id.count - 1));
           return;
         }
+        const double step_ms = ms_since(st.step_sent);
+        if (m.id.count == 1) st.ewma_step_ms = st.ewma_step_ms <= 0 ? step_ms : 0.8 * st.ewma_step_ms + 0.2 * step_ms;
         st.compute_ns += m.compute_ns;
         st.pos += m.id.count;
+        st.retries_left = st.spec.max_retries;
         const int next = st.smp->sample(m.logits.data.data());
         emit(self, next);
+        if (!st.current.indices.empty()) {  // the first token after a recovery
+          st.current.recover_ms = ms_since(st.recovery_start);
+          st.out.recoveries.push_back(st.current);
+          if (st.spec.coordinator)
+            for (int i : st.current.indices)
+              self->send(st.spec.coordinator, recovered_atom::value, static_cast<int32_t>(i),
+                         static_cast<int32_t>(st.current.replayed_positions),
+                         clock_type::now().time_since_epoch().count());
+          st.current = recovery_record{};
+          st.restarted.clear();
+        }
         if (next == model::bos_id || st.pos >= st.spec.params.steps) {
           finish(self, true, "");
           return;
         }
-        send_step(self, {next});
+        st.inflight = {next};
+        send_step(self);
       },
+      // A checkpoint delta of one shard: kept here, off that shard's node.
+      [=](kv_delta& d) {
+        auto& st = self->state;
+        if (st.done || d.index < 0 || static_cast<size_t>(d.index) >= st.ckpt_end.size()) return;
+        if (!d.rows.ok()) return;  // a corrupt delta is not stored: the chain ends before it
+        supervision::bytes b(d.rows.data.size() * sizeof(float));
+        std::memcpy(b.data(), d.rows.data.data(), b.size());
+        if (!st.store.append_delta(key_of(d.index), d.begin, d.end, b)) return;
+        if (d.index == st.spec.corrupt_checkpoints_of) {  // test hook
+          const auto name = supervision::checkpoint_store::delta_name(key_of(d.index), d.begin, d.end);
+          auto stored = st.store.backend().get(name);
+          if (stored && !stored->empty()) {
+            (*stored)[stored->size() / 2] ^= 0x5a;
+            st.store.backend().put(name, *stored);
+          }
+        }
+        st.ckpt_end[d.index] = d.end;
+        // Every rank of the stage has checkpointed up to c: the upstream
+        // stage's replay log is no longer needed below c.
+        const int s = st.spec.stage_of[d.index];
+        int c = d.end;
+        for (int i : st.spec.stages[s]) c = std::min(c, st.ckpt_end[i]);
+        if (s > 0 && c > st.trimmed[s]) {
+          st.trimmed[s] = c;
+          self->send(st.spec.shards[st.spec.stages[s - 1].front()], trim_atom::value, st.spec.id,
+                     static_cast<int32_t>(c));
+        }
+      },
+      [=](shard_restarted& r) {
+        auto& st = self->state;
+        if (st.done || r.index < 0 || static_cast<size_t>(r.index) >= st.spec.shards.size()) return;
+        st.spec.shards[r.index] = r.handle;
+        st.spec.entry = r.entry;
+        st.restarted.insert(r.index);
+        if (st.pos >= st.spec.params.steps) return;  // nothing in flight
+        recover(self);
+      },
+      [=](cluster_failed& f) { finish(self, false, f.message); },
       [=](shard_error& e) {
         if (self->state.done || e.id.session != self->state.spec.id) return;
         finish(self, false, e.message);
@@ -138,9 +332,20 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
           return;
         }
         if (seq != st.step_seq) return;  // a past step's deadline
+        const auto waited = deadline_of(st, st.inflight.size() > 1);
+        if (st.retries_left > 0 && !st.recovering) {
+          // A lost message or a fault not (yet) detected: re-send the step in
+          // a new epoch; anything of the old one is dropped on arrival.
+          --st.retries_left;
+          ++st.out.retries;
+          ++st.epoch;
+          send_step(self);
+          return;
+        }
         finish(self, false,
                "no logits for position " + std::to_string(st.pos) + " within " +
-                   std::to_string(st.spec.step_timeout.count()) + " ms (deadline of the step)");
+                   std::to_string(waited.count()) + " ms (deadline of the step, after " +
+                   std::to_string(st.spec.max_retries) + " re-sends)");
       },
       [=](cancel_atom) { finish(self, false, "cancelled", true); },
   };

@@ -23,12 +23,25 @@
 
 namespace cellshard::actors {
 
+/// One recovery as the session lived it.
+struct recovery_record {
+  std::vector<int> indices;         // restarted placement indices
+  int position = 0;                 // first position of the step in flight
+  int restored_to = 0;              // checkpoint position c (positions [0,c) restored)
+  int replayed_positions = 0;       // positions recomputed (c .. position)
+  bool from_upstream_log = false;   // replayed from the upstream stage's log (else tokens)
+  std::string checkpoint_note;      // why an older checkpoint was used, if one was
+  double recover_ms = 0;            // from the restart notice to the next token delivered
+};
+
 struct session_outcome {
   model::generation_result result;  // tokens so far (all of them on success)
   bool ok = true;
   bool cancelled = false;
   std::string error;                // what failed and where, when !ok
   double compute_ms = 0;            // critical-path kernel time over all steps
+  std::vector<recovery_record> recoveries;
+  int retries = 0;                  // steps re-sent after their deadline passed
 };
 
 struct session_spec {
@@ -37,8 +50,19 @@ struct session_spec {
   std::shared_ptr<const model::tokenizer> tok;
   int vocab_size = 0;
   caf::actor entry;                 // embedding holder (stage 0, rank 0)
-  std::vector<caf::actor> shards;   // every shard, to free the session's state
+  std::vector<caf::actor> shards;   // every shard by placement index
+  std::vector<int> stage_of;        // stage of each placement index
+  std::vector<std::vector<int>> stages;  // placement indices of each stage, rank order
+  caf::actor coordinator;           // restart notifications (may be invalid)
+  /// Deadline of the prefill step, and the ceiling of every step's deadline.
   std::chrono::milliseconds step_timeout{30000};
+  /// Floor of a decode step's deadline; the deadline adapts to observed step
+  /// times (10 x the moving average, within [floor, step_timeout]).
+  std::chrono::milliseconds step_timeout_min{2000};
+  int max_retries = 2;              // re-sends of a step whose deadline passed
+  /// Test hook: flip a byte in every checkpoint archive of this placement
+  /// index (-1: none), to show that a corrupt checkpoint is detected.
+  int corrupt_checkpoints_of = -1;
   std::function<void(int token, const std::string& piece)> on_token;
   std::function<void(const session_outcome&)> on_done;
 };

@@ -1,9 +1,12 @@
 #include "actors/shard.hpp"
 
+#include "supervision/fault_hooks.hpp"
+
 #include <caf/all.hpp>
 
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <tuple>
@@ -19,30 +22,41 @@ int64_t since_ns(clock_type::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
 }
 
-/// Per-session state of a shard: the KV cache and the step in flight.
+/// Per-session state of a shard: the KV cache, checkpoint progress, the step
+/// in flight and (rank 0 with a next stage) the replay log.
 struct session_state {
   model::kv_cache kv;
   std::unique_ptr<model::scratch> s;
   uint64_t charged = 0;
   uint32_t epoch = 0;
+  int32_t ckpt_end = 0;        // positions [0, ckpt_end) are checkpointed at the session
   // The step in flight:
   bool busy = false;
   step_id id;
+  int32_t replay_until = -1;
   std::vector<float> x;        // [count x dim] residual stream
   int layer = 0, phase = 0;    // next (layer, phase) to reduce
   bool own_done = false;       // own partial of (layer, phase) computed and sent
   int64_t compute_ns = 0;      // critical-path compute so far
   caf::actor reply_to;
+  // Replay log: activations sent to the next stage, by first position.
+  std::map<int32_t, std::vector<float>> sent;
+  // Steps that arrived while one was in flight (a replay followed by the
+  // re-sent step: in a TP group the next can come before the peers' partial
+  // sums of the current one). Run in arrival order.
+  std::deque<activation> queued;
 };
 
 struct shard_state {
   shard_init init;
   wiring wires;
+  std::unique_ptr<supervision::fault_hooks> hooks;
   std::unordered_map<uint64_t, session_state> sessions;
   std::set<uint64_t> closed;   // sessions ended here: late messages are dropped
   // Partials received before this shard reached that (layer, phase):
   // key (session, epoch, pos0, layer, phase) -> per rank.
   std::map<std::tuple<uint64_t, uint32_t, int32_t, int32_t, int32_t>, std::vector<blob>> partials;
+  std::vector<activation> slowed;  // steps held back by a `slow` fault
   int64_t compute_ns = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
@@ -57,14 +71,36 @@ void report(shard_actor* self, const caf::actor& to, const step_id& id, std::str
   if (to) self->send(to, shard_error{id, self->state.init.node->index, std::move(msg)});
 }
 
+/// Counts a payload sent to `node` (self-sends on the same node are free).
+void count_sent(shard_actor* self, int32_t node, uint64_t bytes) {
+  auto& st = self->state;
+  if (node == st.init.node->index) return;
+  st.bytes_sent += bytes;
+  st.link_bytes[node] += bytes;
+}
+
+void drop_partials(shard_actor* self, uint64_t session, uint32_t below_epoch) {
+  auto& p = self->state.partials;
+  for (auto it = p.begin(); it != p.end();) {
+    if (std::get<0>(it->first) == session && std::get<1>(it->first) < below_epoch) it = p.erase(it);
+    else ++it;
+  }
+}
+
 /// Finds or creates the session's state (charging its KV cache to the node).
+/// Null for a closed session, a stale epoch, or no memory (reported).
 session_state* session_for(shard_actor* self, const step_id& id, const caf::actor& reply_to) {
   auto& st = self->state;
   if (st.closed.count(id.session)) return nullptr;
   auto it = st.sessions.find(id.session);
   if (it != st.sessions.end()) {
     if (id.epoch < it->second.epoch) return nullptr;  // a stale message
-    it->second.epoch = id.epoch;
+    if (id.epoch > it->second.epoch) {
+      it->second.epoch = id.epoch;
+      it->second.busy = false;  // the step of the older epoch is abandoned
+      it->second.queued.clear();
+      drop_partials(self, id.session, id.epoch);
+    }
     return &it->second;
   }
   const auto& w = *st.init.weights;
@@ -88,33 +124,62 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
   return &ss;
 }
 
-/// Counts a payload sent to `node` (self-sends on the same node are free).
-void count_sent(shard_actor* self, int32_t node, uint64_t bytes) {
+void send_activation(shard_actor* self, const activation& a) {
   auto& st = self->state;
-  if (node == st.init.node->index) return;
-  st.bytes_sent += bytes;
-  st.link_bytes[node] += bytes;
+  for (size_t i = 0; i < st.wires.next.size(); ++i) {
+    count_sent(self, st.wires.next_nodes[i], payload_bytes(a.x));
+    self->send(st.wires.next[i], a);
+  }
 }
 
-/// Finishes a stage: forward x to the next stage, or the logits to the session.
+void start_step(shard_actor* self, activation& a);
+
+/// Finishes a stage: checkpoint delta, then forward x to the next stage (and
+/// log it for replay), or the logits to the session.
+void finish_stage_impl(shard_actor* self, session_state& ss);
+
 void finish_stage(shard_actor* self, session_state& ss) {
+  finish_stage_impl(self, ss);
+  if (!ss.busy && !ss.queued.empty()) {
+    activation next = std::move(ss.queued.front());
+    ss.queued.pop_front();
+    start_step(self, next);
+  }
+}
+
+void finish_stage_impl(shard_actor* self, session_state& ss) {
   auto& st = self->state;
   ss.busy = false;
-  if (st.init.rank != 0) return;
   const auto& w = *st.init.weights;
   const int dim = w.cfg().dim;
+  const bool replay = ss.replay_until >= 0;
+  const int32_t end = ss.id.pos0 + ss.id.count;
+  const int K = st.init.checkpoint_every;
+  if (!replay && K > 0 && end - ss.ckpt_end >= K && ss.reply_to) {
+    kv_delta d;
+    d.session = ss.id.session;
+    d.index = st.init.index;
+    d.begin = ss.ckpt_end;
+    d.end = end;
+    d.rows.data = ss.kv.rows(ss.ckpt_end, end);
+    count_sent(self, front_end_node, payload_bytes(d.rows));
+    self->send(ss.reply_to, std::move(d));
+    ss.ckpt_end = end;
+  }
+  if (st.init.rank != 0) return;
   if (!st.wires.next.empty()) {
+    if (replay && st.init.stage >= ss.replay_until) return;  // the replay ends here
     activation a;
     a.id = ss.id;
     a.x.data = std::move(ss.x);
     a.compute_ns = ss.compute_ns;
     a.reply_to = ss.reply_to;
-    for (size_t i = 0; i < st.wires.next.size(); ++i) {
-      count_sent(self, st.wires.next_nodes[i], payload_bytes(a.x));
-      self->send(st.wires.next[i], a);
-    }
+    a.replay_until = ss.replay_until;
+    ss.sent[a.id.pos0] = a.x.data;
+    send_activation(self, a);
     return;
   }
+  if (replay) return;
   if (w.spec().classifier) {
     const auto t0 = clock_type::now();
     float* last = ss.x.data() + static_cast<size_t>(ss.id.count - 1) * dim;
@@ -195,6 +260,34 @@ void advance(shard_actor* self, uint64_t session, session_state& ss) {
   finish_stage(self, ss);
 }
 
+void start_step(shard_actor* self, activation& a) {
+  auto& st = self->state;
+  session_state* ss = session_for(self, a.id, a.reply_to);
+  if (!ss) return;
+  if (ss->busy && a.id.epoch == ss->id.epoch) {
+    ss->queued.push_back(std::move(a));
+    return;
+  }
+  const auto& w = *st.init.weights;
+  if (a.x.data.size() != static_cast<size_t>(a.id.count) * w.cfg().dim) {
+    report(self, a.reply_to, a.id,
+           "activation of " + std::to_string(a.x.data.size()) + " floats at placement index " +
+               std::to_string(st.init.index) + ", expected " + std::to_string(a.id.count) + " x " +
+               std::to_string(w.cfg().dim));
+    return;
+  }
+  ss->busy = true;
+  ss->id = a.id;
+  ss->replay_until = a.replay_until;
+  ss->x = std::move(a.x.data);
+  ss->layer = w.spec().layer_begin;
+  ss->phase = 0;
+  ss->own_done = false;
+  ss->compute_ns = a.compute_ns;
+  ss->reply_to = a.reply_to;
+  advance(self, a.id.session, *ss);
+}
+
 void drop_session(shard_actor* self, uint64_t session) {
   auto& st = self->state;
   auto it = st.sessions.find(session);
@@ -210,21 +303,53 @@ void drop_session(shard_actor* self, uint64_t session) {
   if (st.closed.size() > 4096) st.closed.erase(st.closed.begin());
 }
 
+/// Applies the fault plan at a normal step; false when the step must not run
+/// now (crashed, silenced, or held back by `slow`).
+bool faults_allow(shard_actor* self, activation& a) {
+  auto& st = self->state;
+  if (!st.hooks || a.replay_until >= 0) return true;
+  const auto fx = st.hooks->on_step(static_cast<uint64_t>(a.id.pos0),
+                                    static_cast<uint64_t>(a.id.pos0 + a.id.count));
+  const int64_t now_ns = clock_type::now().time_since_epoch().count();
+  for (const auto& f : fx.fired)
+    if (st.init.coordinator)
+      self->send(st.init.coordinator,
+                 fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
+                              static_cast<int64_t>(f.step), now_ns});
+  if (fx.crash || fx.silence) return false;  // the hooks quit or silenced the actor
+  if (fx.slow.count() > 0) {
+    st.slowed.push_back(std::move(a));
+    self->delayed_send(self, fx.slow, resume_atom::value);
+    return false;
+  }
+  return true;
+}
+
 caf::behavior shard_behavior(shard_actor* self, shard_init init) {
-  self->state.init = std::move(init);
-  self->attach_functor([node = self->state.init.node, bytes = self->state.init.weights->bytes()] {
+  auto& st0 = self->state;
+  st0.init = std::move(init);
+  if (st0.init.faults) {
+    st0.hooks = std::make_unique<supervision::fault_hooks>(
+        self, static_cast<uint32_t>(st0.init.index), st0.init.faults);
+    st0.hooks->set_heartbeat_sender(st0.init.heartbeat);
+  }
+  self->attach_functor([node = st0.init.node, bytes = st0.init.weights->bytes()] {
     node->release(bytes);
   });
-  return {
+  // A silenced shard behaves like a frozen node: it handles nothing.
+  auto silent = [self] { return self->state.hooks && self->state.hooks->silenced(); };
+  caf::message_handler own{
       [=](wire_atom, wiring w) { self->state.wires = std::move(w); },
       // Embedding holder: tokens -> x, broadcast to the stage's group.
       [=](forward_req& req) {
+        if (silent()) return;
         auto& st = self->state;
         const auto& w = *st.init.weights;
         const int dim = w.cfg().dim;
         activation a;
         a.id = req.id;
         a.reply_to = req.reply_to;
+        a.replay_until = req.replay_until;
         a.x.data.resize(static_cast<size_t>(req.tokens.size()) * dim);
         for (size_t i = 0; i < req.tokens.size(); ++i) {
           const int t = req.tokens[i];
@@ -243,6 +368,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         }
       },
       [=](activation& a) {
+        if (silent()) return;
         auto& st = self->state;
         if (self->current_sender() != self->ctrl()) st.bytes_received += payload_bytes(a.x);
         if (!a.x.ok()) {
@@ -250,42 +376,98 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
                                              std::to_string(st.init.index));
           return;
         }
-        session_state* ss = session_for(self, a.id, a.reply_to);
-        if (!ss) return;
-        const auto& w = *st.init.weights;
-        if (a.x.data.size() != static_cast<size_t>(a.id.count) * w.cfg().dim) {
-          report(self, a.reply_to, a.id, "activation of the wrong size");
-          return;
-        }
-        ss->busy = true;
-        ss->id = a.id;
-        ss->x = std::move(a.x.data);
-        ss->layer = w.spec().layer_begin;
-        ss->phase = 0;
-        ss->own_done = false;
-        ss->compute_ns = a.compute_ns;
-        ss->reply_to = a.reply_to;
-        advance(self, a.id.session, *ss);
+        if (!faults_allow(self, a)) return;
+        start_step(self, a);
+      },
+      [=](resume_atom) {
+        if (silent() || self->state.slowed.empty()) return;
+        activation a = std::move(self->state.slowed.front());
+        self->state.slowed.erase(self->state.slowed.begin());
+        start_step(self, a);
       },
       [=](partial_sum& p) {
+        if (silent()) return;
         auto& st = self->state;
         st.bytes_received += payload_bytes(p.data);
         if (st.closed.count(p.id.session)) return;
+        auto it = st.sessions.find(p.id.session);
+        if (it != st.sessions.end() && p.id.epoch < it->second.epoch) return;  // stale
         if (!p.data.ok()) {
-          auto it = st.sessions.find(p.id.session);
           report(self, it != st.sessions.end() ? it->second.reply_to : caf::actor{}, p.id,
                  "corrupt partial sum from rank " + std::to_string(p.rank));
           return;
         }
+        if (p.rank < 0 || p.rank >= st.init.group_size) return;
         auto key = std::make_tuple(p.id.session, p.id.epoch, p.id.pos0, p.layer, p.phase);
         auto& parts = st.partials[key];
         if (parts.size() != static_cast<size_t>(st.init.group_size)) parts.resize(st.init.group_size);
-        if (p.rank < 0 || p.rank >= st.init.group_size) return;
         parts[p.rank] = std::move(p.data);
-        auto it = st.sessions.find(p.id.session);
-        if (it != st.sessions.end() && it->second.busy && it->second.id.pos0 == p.id.pos0 &&
-            it->second.layer == p.layer && it->second.phase == p.phase)
+        if (it != st.sessions.end() && it->second.busy && it->second.id.epoch == p.id.epoch &&
+            it->second.id.pos0 == p.id.pos0 && it->second.layer == p.layer &&
+            it->second.phase == p.phase)
           advance(self, p.id.session, it->second);
+      },
+      // Restarted shard: the session's KV cache from its checkpoint deltas.
+      [=](restore_req& r) -> caf::result<restore_atom, int32_t> {
+        if (silent()) return caf::make_error(caf::sec::request_timeout);
+        auto& st = self->state;
+        step_id id{r.session, r.epoch, 0, 0};
+        session_state* ss = session_for(self, id, caf::actor{});
+        if (!ss) return caf::make_error(caf::sec::invalid_argument, "no memory or session closed");
+        int32_t end = 0;
+        for (size_t i = 0; i < r.parts.size(); ++i) {
+          if (!r.parts[i].ok()) break;
+          const size_t want = static_cast<size_t>(r.ends[i] - r.begins[i]) * 2 *
+                              ss->kv.n_layers() * ss->kv.kv_dim();
+          if (r.parts[i].data.size() != want || r.begins[i] != end) break;
+          ss->kv.restore(r.begins[i], r.ends[i], r.parts[i].data);
+          end = r.ends[i];
+        }
+        ss->ckpt_end = end;
+        (void)st;
+        return {restore_atom::value, end};
+      },
+      // Upstream of a restarted stage: re-send [from, to) from the replay log.
+      [=](replay_atom, uint64_t session, uint32_t epoch, int32_t from, int32_t to,
+          int32_t until) -> caf::result<bool> {
+        if (silent()) return caf::make_error(caf::sec::request_timeout);
+        auto& st = self->state;
+        auto it = st.sessions.find(session);
+        if (it == st.sessions.end() || st.wires.next.empty()) return false;
+        auto& ss = it->second;
+        const int dim = st.init.weights->cfg().dim;
+        // Collect rows [from, to) from the logged batches.
+        std::vector<float> rows;
+        int32_t at = from;
+        for (auto e = ss.sent.upper_bound(from); at < to;) {
+          if (e == ss.sent.begin()) return false;
+          auto b = std::prev(e);
+          const int32_t b0 = b->first, bn = static_cast<int32_t>(b->second.size() / dim);
+          if (at < b0 || at >= b0 + bn) return false;  // a gap: the log cannot serve it
+          const int32_t take = std::min(to, b0 + bn) - at;
+          rows.insert(rows.end(), b->second.begin() + static_cast<size_t>(at - b0) * dim,
+                      b->second.begin() + static_cast<size_t>(at - b0 + take) * dim);
+          at += take;
+          e = ss.sent.upper_bound(at);
+        }
+        if (at != to || rows.empty()) return false;
+        activation a;
+        a.id = step_id{session, epoch, from, to - from};
+        a.x.data = std::move(rows);
+        a.reply_to = ss.reply_to;
+        a.replay_until = until;
+        send_activation(self, a);
+        return true;
+      },
+      [=](trim_atom, uint64_t session, int32_t below) {
+        auto it = self->state.sessions.find(session);
+        if (it == self->state.sessions.end()) return;
+        const int dim = self->state.init.weights->cfg().dim;
+        auto& sent = it->second.sent;
+        for (auto e = sent.begin(); e != sent.end();) {
+          if (e->first + static_cast<int32_t>(e->second.size() / dim) <= below) e = sent.erase(e);
+          else ++e;
+        }
       },
       [=](close_atom, uint64_t session) { drop_session(self, session); },
       [=](stats_atom) {
@@ -306,6 +488,8 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         return s;
       },
   };
+  if (st0.hooks) return own.or_else(st0.hooks->handler());
+  return own;
 }
 
 }  // namespace

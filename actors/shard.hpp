@@ -5,6 +5,14 @@
 // two all-reduces per layer, forwarding x to the next stage (rank 0), and the
 // classifier (when it holds it). See actors/messages.hpp for the protocol.
 //
+// Recovery (DESIGN.md "Fault tolerance"): every `checkpoint_every` positions
+// a shard sends its new KV rows to the session as a kv_delta; a restarted
+// shard is given them back with a restore_req. Rank 0 of a stage that has a
+// next stage keeps a replay log of the activations it sent, trimmed when the
+// session acknowledges checkpoints (trim_atom), and re-sends a range on
+// (replay_atom, session, epoch, from, to). Messages of an older epoch than the
+// newest seen for a session are dropped.
+//
 // Compute runs inside the actor's handler on a CAF worker thread (cap the
 // scheduler's and OpenBLAS's threads: cluster_options). Each session has at
 // most one step in flight at a shard; steps of different sessions interleave.
@@ -14,6 +22,7 @@
 #include "actors/node.hpp"
 #include "kernels/backend.hpp"
 #include "model/transformer.hpp"
+#include "supervision/fault_plan.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -24,8 +33,13 @@ namespace cellshard::actors {
 
 struct shard_init {
   int index = 0;        // placement index
+  int stage = 0;        // pipeline stage
   int rank = 0;         // rank within its TP group
   int group_size = 1;
+  int checkpoint_every = 16;  // positions between KV checkpoint deltas (0 = none)
+  std::shared_ptr<supervision::fault_injector> faults;  // may be null
+  caf::actor heartbeat;       // the node's heartbeat sender (silenced with the shard)
+  caf::actor coordinator;     // gets fault_report messages (may be invalid)
   std::shared_ptr<const model::shard_weights> weights;
   const kernels::backend* backend = nullptr;
   std::shared_ptr<node_state> node;

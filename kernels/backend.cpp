@@ -1,5 +1,7 @@
 #include "kernels/backend.hpp"
 
+#include "kernels/spe.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -17,7 +19,8 @@ const char* to_string(op o) {
 
 namespace {
 std::vector<const backend*>& registry() {
-  static std::vector<const backend*> r{&reference_backend(), &blas_backend()};
+  static std::vector<const backend*> r{&reference_backend(), &blas_backend(), &spe_backend(),
+                                       &spu_host_backend()};
   return r;
 }
 }  // namespace

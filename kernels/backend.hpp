@@ -2,8 +2,9 @@
 // functions, one table per backend (llama.cpp's backend idea; STYLE.md item 1).
 //
 // Backends: "reference" (plain loops in llama2.c run.c's order: the oracle),
-// "blas" (OpenBLAS sgemv for matvec, reference loops elsewhere) and "spe"
-// (local-store/DMA discipline, kernels/spe.hpp). Callers never #ifdef on a
+// "blas" (OpenBLAS sgemv for matvec, reference loops elsewhere), "spe"
+// (local-store/DMA discipline, kernels/spe.hpp) and "spu-host" (the same SPU
+// program with the SPU's arithmetic emulated: slower, for conformance). Callers never #ifdef on a
 // backend; they look one up with find_backend() and ask supports().
 //
 // Conventions for every kernel:

@@ -2,12 +2,15 @@
 // measured in the same run, printed as ratios, with --json FILE.
 #include "tools/bench.hpp"
 
+#include "bench/kernels_bench.hpp"
+
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <iostream>
 #include <memory>
 
 namespace cellshard::tools {
@@ -38,6 +41,23 @@ std::string print_rows(const std::vector<bench_row>& rows) {
 void add_bench(CLI::App& app, int& status) {
   auto* bench = app.add_subcommand("bench", "measurements printed as ratios against a same-run baseline");
   bench->require_subcommand(1);
+  auto ko = std::make_shared<bench::kernels_bench_options>();
+  auto kjson = std::make_shared<std::string>();
+  auto* kb = bench->add_subcommand("kernels", "matvec f32/q8_0 per backend vs OpenBLAS sgemv and a read-bandwidth probe");
+  kb->add_option("--rows", ko->rows, "rows of one custom shape (with --cols)");
+  kb->add_option("--cols", ko->cols, "columns of one custom shape (with --rows)");
+  kb->add_option("--workers", ko->workers, "threads for blas/spe/sgemv/probe (0 = hardware)")
+      ->capture_default_str();
+  kb->add_option("--backends", ko->backends, "backends to measure")->delimiter(',')->capture_default_str();
+  kb->add_option("--min-seconds", ko->min_seconds, "time per measurement")->capture_default_str();
+  kb->add_option("--probe-mib", ko->probe_mib, "bandwidth probe buffer (MiB)")->capture_default_str();
+  kb->add_option("--json", *kjson, "rows as JSON to FILE (- = stdout)");
+  kb->callback([ko, kjson, &status] {
+    std::string j;
+    status = bench::run_kernels_bench(*ko, std::cout, &j);
+    if (!kjson->empty()) write_text(*kjson, j);
+  });
+
   auto co = std::make_shared<cluster_bench_options>();
   auto json = std::make_shared<std::string>();
   auto* cl = bench->add_subcommand("cluster", "per-token latency and communication share vs node count");

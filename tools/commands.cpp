@@ -5,5 +5,6 @@ void add_commands(CLI::App& app, int& status) {
   add_run(app, status);
   add_synth(app, status);
   add_bench(app, status);
+  add_node(app, status);
 }
 }  // namespace cellshard::tools

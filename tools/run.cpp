@@ -1,7 +1,10 @@
 // `cellshard run`: generate text. Text streams to stdout exactly as llama2.c's
 // run.c prints it; "achieved tok/s" goes to stderr.
 #include "actors/cluster.hpp"
+#include "actors/remote.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/spe.hpp"
+#include "supervision/fault_plan.hpp"
 #include "model/generate.hpp"
 #include "model/transformer.hpp"
 #include "topologies/placement.hpp"
@@ -28,12 +31,19 @@ struct run_opts {
   unsigned long long seed = 0;
   std::string ids_out, expect_ids, json_out;
   int blas_threads = 1;
+  int spe_workers = 0;  // 0 = the profile's (ps3: 6), else 1
   bool quiet = false;
   // In-process nodes (issue #4): any of these selects the actor runtime.
   int nodes = 1, spares = 0, caf_threads = 2;
   std::string topology = "pipeline", profile = "host", memory;
   bool print_placement = false;
   bool use_cluster = false;
+  // Faults and recovery (issue #6).
+  std::vector<std::string> fault_specs;
+  std::string faults_file;
+  int checkpoint_every = 16;
+  // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
+  std::string cluster, tls_cert, tls_key, tls_ca;
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -54,6 +64,8 @@ int do_run(const run_opts& o) {
   auto fmt = model::parse_weight_format(o.weights);
   if (!fmt) throw cli_error(fmt.message(), 2);
   kernels::set_blas_threads(o.blas_threads);
+  kernels::set_spe_workers(o.spe_workers > 0 ? o.spe_workers
+                                             : (o.profile == "ps3" || o.profile == "ps3-slim") ? 6 : 1);
 
   // Read --expect-ids before the long part, so a bad file fails fast.
   std::vector<int> expected;
@@ -77,6 +89,7 @@ int do_run(const run_opts& o) {
   };
   nlohmann::json nodes_json = nlohmann::json::array(), links_json = nlohmann::json::array();
   double comm_share = 0.0;
+  nlohmann::json faults_json = nlohmann::json::array();
   result<model::generation_result> res = make_error("not run");
   if (!o.use_cluster) {
     auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt);
@@ -110,6 +123,26 @@ int do_run(const run_opts& o) {
     co.weights = o.weights;
     co.caf_threads = o.caf_threads;
     co.blas_threads = o.blas_threads;
+    if (!o.cluster.empty()) {
+      actors::remote_options ro;
+      ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
+      ro.default_profile = o.profile;
+      ro.default_memory = co.memory;
+      auto h = actors::remote_host::from_file(o.cluster, ro);
+      if (!h) throw cli_error(h.message());
+      co.host = *h;
+    }
+    co.checkpoint_every = o.checkpoint_every;
+    for (const auto& spec : o.fault_specs) {
+      auto f = supervision::parse_fault_spec(spec);
+      if (!f) throw cli_error("--fault: " + f.message(), 2);
+      co.faults.push_back(*f);
+    }
+    if (!o.faults_file.empty()) {
+      auto fs = supervision::parse_fault_json(read_text(o.faults_file));
+      if (!fs) throw cli_error(o.faults_file + ": " + fs.message(), 2);
+      co.faults.insert(co.faults.end(), fs->begin(), fs->end());
+    }
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
     if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
@@ -125,6 +158,22 @@ int do_run(const run_opts& o) {
     comm_share = out->result.duration_ms > 0
                      ? std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms)
                      : 0.0;
+    for (const auto& f : (*c)->faults())
+      faults_json.push_back({{"kind", f.kind},
+                             {"node", f.index},
+                             {"step", f.step},
+                             {"detect_ms", f.detect_ms},
+                             {"recover_ms", f.recover_ms},
+                             {"replayed_positions", f.replayed_positions},
+                             {"host_node", f.node},
+                             {"moved_to_node", f.moved_to_node}});
+    if (!out->recoveries.empty())
+      std::fprintf(stderr, "recovered %zu time(s):", out->recoveries.size());
+    for (const auto& r : out->recoveries)
+      std::fprintf(stderr, " [position %d: restored to %d, replayed %d %s, %.1f ms]", r.position,
+                   r.restored_to, r.replayed_positions, r.from_upstream_log ? "from the upstream log" : "from tokens",
+                   r.recover_ms);
+    if (!out->recoveries.empty()) std::fprintf(stderr, "\n");
     auto st = (*c)->stats();
     if (!st) throw cli_error(st.message());
     const auto mem = (*c)->node_memory();
@@ -196,7 +245,7 @@ int do_run(const run_opts& o) {
     j["duration_ms"] = res->duration_ms;
     j["nodes"] = nodes_json;
     j["links"] = links_json;
-    j["faults"] = nlohmann::json::array();
+    j["faults"] = faults_json;
     j["ids"] = res->ids;
     if (!o.expect_ids.empty()) j["diverged"] = diverged;
     write_text(o.json_out, j.dump(2) + "\n");
@@ -219,7 +268,10 @@ void add_run(CLI::App& app, int& status) {
   cmd->add_option("-p,--topp", o->topp, "top-p (nucleus) threshold; <=0 or >=1 samples the full "
                   "distribution")->capture_default_str();
   cmd->add_option("-s,--seed", o->seed, "RNG seed (0 = from the clock)");
-  cmd->add_option("--kernels", o->kernels, "kernel backend: reference|blas|spe")->capture_default_str();
+  cmd->add_option("--kernels", o->kernels, "kernel backend: reference|blas|spe|spu-host")
+      ->capture_default_str();
+  cmd->add_option("--spe-workers", o->spe_workers,
+                  "SPE workers of the spe backend (default: 6 with the ps3 profiles, else 1)");
   cmd->add_option("--weights", o->weights, "f32|q8_0 (q8_0 quantizes at load time)")
       ->capture_default_str();
   cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
@@ -240,10 +292,31 @@ void add_run(CLI::App& app, int& status) {
           ->group(g),
       cmd->add_flag("--print-placement", o->print_placement,
                     "print the placement (placement indices, roles, memory) to stderr")->group(g),
-      cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads")->group(g)};
-  cmd->callback([o, cmd, cluster_flags, &status] {
+      cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads")->group(g),
+      cmd->add_option("--fault", o->fault_specs,
+                      "KIND:node=N:step=S[:ms=D][:n=K] (repeatable; N = placement index)")->group(g),
+      cmd->add_option("--faults", o->faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
+      cmd->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints")
+          ->group(g)};
+  auto* d = "Nodes (daemons)";
+  auto* cluster_opt = cmd->add_option("--cluster", o->cluster,
+                                      "node daemons: JSON {\"nodes\": [{\"host\", \"port\", \"profile\", "
+                                      "\"spare\"}]} (see cellshard node)")->group(d);
+  cmd->add_option("--tls-cert", o->tls_cert, "mutual TLS with the nodes: this side's certificate (PEM)")->group(d);
+  cmd->add_option("--tls-key", o->tls_key, "its private key (PEM)")->group(d);
+  cmd->add_option("--tls-ca", o->tls_ca, "the CA that signs every node's certificate (PEM)")->group(d);
+  cmd->callback([o, cmd, cluster_flags, cluster_opt, &status] {
     for (auto* f : cluster_flags)
       if (f->count() > 0) o->use_cluster = true;
+    if (cluster_opt->count() > 0) {
+      if (cmd->count("--nodes") + cmd->count("--spares") > 0)
+        throw cli_error("--cluster: the nodes are the file's; drop --nodes/--spares", 2);
+      o->use_cluster = true;
+    } else if (!o->tls_cert.empty() || !o->tls_key.empty() || !o->tls_ca.empty()) {
+      throw cli_error("--tls-cert/--tls-key/--tls-ca secure the connections to node daemons: they need --cluster", 2);
+    }
+    auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
+    if (!tls) throw cli_error(tls.message(), 2);
     (void)cmd;
     status = do_run(*o);
   });

@@ -28,7 +28,7 @@ std::vector<std::string> run_args(const test::fixture_case& fc, const std::strin
 TEST_CASE("cellshard run prints run.c's text and ids for every fixture", "[cli][fixtures]") {
   if (!test::have_shared()) return;
   const std::string dir = test::temp_dir("cli");
-  for (const char* k : {"reference", "blas"}) {
+  for (const char* k : {"reference", "blas", "spe"}) {
     for (const auto& fc : test::fixture_cases()) {
       DYNAMIC_SECTION(k << " " << fc.name) {
         auto args = run_args(fc, k);

@@ -1,0 +1,390 @@
+#include "actors/daemon.hpp"
+
+#include "actors/messages.hpp"
+#include "actors/node.hpp"
+#include "actors/shard.hpp"
+#include "kernels/backend.hpp"
+#include "model/checkpoint.hpp"
+#include "model/tokenizer.hpp"
+#include "model/transformer.hpp"
+#include "topologies/profile.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sys/stat.h>
+
+namespace cellshard::actors {
+
+namespace {
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// A file of the --models folder, reloaded when its size or mtime changes.
+template <class T>
+struct cached_file {
+  std::shared_ptr<const T> value;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+};
+
+struct client_record {
+  cluster_fingerprint fp;
+  std::set<caf::actor_addr> shards;
+};
+
+struct daemon_state {
+  daemon_options opts;
+  std::shared_ptr<node_state> node;
+  std::map<std::string, cached_file<model::model_file>> models;
+  std::map<std::string, cached_file<model::tokenizer>> toks;
+  std::map<caf::actor_addr, client_record> clients;  // by owner
+  std::map<caf::actor_addr, caf::actor_addr> owner_of;  // shard -> owner
+  std::map<caf::actor_addr, caf::actor> shard_handles;
+  static inline const char* name = "cellshard.daemon";
+};
+
+using daemon_actor = caf::stateful_actor<daemon_state>;
+
+void log(daemon_actor* self, const std::string& line) {
+  if (self->state.opts.log) self->state.opts.log(line);
+}
+
+/// Resolves a plain file name inside the models folder (no folders, no "..").
+result<std::string> models_path(const daemon_state& st, const std::string& name, const char* what) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    return make_error(std::string("bad ") + what + " file name '" + name + "' (a plain file name is expected)");
+  return st.opts.models_dir + "/" + name;
+}
+
+template <class T, class Open>
+result<std::shared_ptr<const T>> open_cached(daemon_state& st, std::map<std::string, cached_file<T>>& cache,
+                                             const std::string& name, const char* what, Open open) {
+  auto path = models_path(st, name, what);
+  if (!path) return path.err();
+  struct stat sb;
+  if (::stat(path->c_str(), &sb) != 0)
+    return make_error(std::string(what) + " file " + name + " not found in " + st.opts.models_dir);
+  const int64_t mt = static_cast<int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
+  auto it = cache.find(name);
+  if (it != cache.end() && it->second.size == sb.st_size && it->second.mtime_ns == mt)
+    return it->second.value;
+  auto v = open(*path);
+  if (!v) return v.err();
+  cache[name] = cached_file<T>{*v, sb.st_size, mt};
+  return *v;
+}
+
+result<std::shared_ptr<const model::model_file>> model_for(daemon_state& st, const std::string& name) {
+  return open_cached<model::model_file>(st, st.models, name, "model",
+                                        [](const std::string& p) { return model::model_file::open(p); });
+}
+
+result<std::shared_ptr<const model::tokenizer>> tokenizer_for(daemon_state& st, const std::string& name) {
+  return open_cached<model::tokenizer>(st, st.toks, name, "tokenizer",
+                                       [](const std::string& p) { return model::tokenizer::open(p); });
+}
+
+void stop_client(daemon_actor* self, const caf::actor_addr& owner, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.clients.find(owner);
+  if (it == st.clients.end()) return;
+  size_t n = 0;
+  for (auto& s : it->second.shards) {
+    auto h = st.shard_handles.find(s);
+    if (h != st.shard_handles.end()) {
+      self->send_exit(h->second, caf::exit_reason::user_shutdown);
+      st.shard_handles.erase(h);
+      ++n;
+    }
+    st.owner_of.erase(s);
+  }
+  st.clients.erase(it);
+  log(self, "front end gone (" + why + "): stopped " + std::to_string(n) + " shard(s)");
+}
+
+shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
+  auto& st = self->state;
+  shard_spawned out;
+  auto cl = st.clients.find(s.owner.address());
+  if (!s.owner || cl == st.clients.end()) {
+    out.error = "this front end has not joined (node_join first)";
+    return out;
+  }
+  auto file = model_for(st, cl->second.fp.model_name);
+  if (!file) {
+    out.error = file.message();
+    return out;
+  }
+  if ((*file)->digest() != cl->second.fp.model_digest) {
+    out.error = "the model file " + cl->second.fp.model_name + " in " + st.opts.models_dir +
+                " changed since the join (digest " + hex((*file)->digest()) + ")";
+    return out;
+  }
+  auto fmt = model::parse_weight_format(s.weights);
+  if (!fmt) {
+    out.error = fmt.message();
+    return out;
+  }
+  const kernels::backend* be = kernels::find_backend(s.kernels);
+  if (!be) {
+    out.error = "kernels: unknown backend '" + s.kernels + "'";
+    return out;
+  }
+  model::slice_spec spec;
+  spec.layer_begin = s.layer_begin;
+  spec.layer_end = s.layer_end;
+  spec.kv_head_begin = s.kv_head_begin;
+  spec.kv_head_end = s.kv_head_end;
+  spec.ffn_begin = s.ffn_begin;
+  spec.ffn_end = s.ffn_end;
+  spec.embedding = s.embedding;
+  spec.classifier = s.classifier;
+  auto w = model::shard_weights::make(*file, spec, *fmt);
+  if (!w) {
+    out.error = w.message();
+    return out;
+  }
+  auto& n = *st.node;
+  const uint64_t need = (*w)->bytes() + s.kv_bytes + s.buffer_bytes;
+  const uint64_t used = n.used_bytes.load();
+  if (n.budget_bytes != 0 && used + need > n.budget_bytes) {
+    out.error = "out of memory (" + n.profile + ", budget " + topologies::format_bytes(n.budget_bytes) +
+                "): placement index " + std::to_string(s.index) + " needs " +
+                topologies::format_bytes(need) + " (weights " + topologies::format_bytes((*w)->bytes()) +
+                " + KV cache " + topologies::format_bytes(s.kv_bytes) + " + buffers " +
+                topologies::format_bytes(s.buffer_bytes) + "), " + topologies::format_bytes(used) +
+                " already in use";
+    return out;
+  }
+  n.index = s.node;
+  shard_init init;
+  init.index = s.index;
+  init.stage = s.stage;
+  init.rank = s.rank;
+  init.group_size = s.group_size;
+  init.checkpoint_every = s.checkpoint_every;
+  init.heartbeat = s.heartbeat;
+  init.coordinator = s.coordinator;
+  init.weights = *w;
+  init.backend = be;
+  init.node = st.node;
+  caf::actor a = spawn_shard(self->system(), std::move(init));
+  // Linked: when the daemon stops, its shards stop (the exit handler below
+  // keeps a shard's end from stopping the daemon).
+  self->link_to(a);
+  self->monitor(a);
+  cl->second.shards.insert(a.address());
+  st.owner_of[a.address()] = s.owner.address();
+  st.shard_handles[a.address()] = a;
+  out.shard = a;
+  out.weight_bytes = (*w)->bytes();
+  log(self, "placement index " + std::to_string(s.index) + " (stage " + std::to_string(s.stage) +
+                " rank " + std::to_string(s.rank) + ", " + spec.to_string() + ") started, " +
+                topologies::format_bytes(out.weight_bytes) + " of weights");
+  return out;
+}
+
+caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
+  auto& st = self->state;
+  st.opts = std::move(opts);
+  st.node = std::make_shared<node_state>();
+  auto prof = topologies::find_profile(st.opts.profile);
+  st.node->profile = st.opts.profile;
+  st.node->budget_bytes = st.opts.memory ? st.opts.memory : (prof ? prof->memory_bytes : 0);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (st.clients.count(dm.source)) {
+      stop_client(self, dm.source, self->system().render(dm.reason));
+      return;
+    }
+    auto o = st.owner_of.find(dm.source);
+    if (o != st.owner_of.end()) {
+      auto cl = st.clients.find(o->second);
+      if (cl != st.clients.end()) cl->second.shards.erase(dm.source);
+      st.owner_of.erase(o);
+    }
+    st.shard_handles.erase(dm.source);
+  });
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    if (self->state.owner_of.count(em.source) || self->state.shard_handles.count(em.source))
+      return;  // one of our shards ended: the down handler cleans up
+    self->quit(em.reason);
+  });
+  return {
+      [=](node_join& j) -> node_joined {
+        auto& st = self->state;
+        node_joined r;
+        r.models_dir = st.opts.models_dir;
+        r.profile = st.node->profile;
+        r.budget_bytes = st.node->budget_bytes;
+        r.used_bytes = st.node->used_bytes.load();
+        if (j.fp.protocol != node_protocol_version) {
+          r.error = "protocol version " + std::to_string(j.fp.protocol) + " (this node speaks " +
+                    std::to_string(node_protocol_version) + ")";
+          return r;
+        }
+        auto m = model_for(st, j.fp.model_name);
+        if (!m) {
+          r.error = m.message();
+          return r;
+        }
+        auto t = tokenizer_for(st, j.fp.tokenizer_name);
+        if (!t) {
+          r.error = t.message();
+          return r;
+        }
+        r.fp.model_name = j.fp.model_name;
+        r.fp.model_digest = (*m)->digest();
+        r.fp.tokenizer_name = j.fp.tokenizer_name;
+        r.fp.tokenizer_digest = (*t)->digest();
+        const bool same = r.fp.model_digest == j.fp.model_digest &&
+                          r.fp.tokenizer_digest == j.fp.tokenizer_digest;
+        if (!same) {
+          log(self, "join as node " + std::to_string(j.node) + " refused: fingerprint differs");
+          return r;  // the front end names what differs; no spawns for it
+        }
+        if (!j.owner) {
+          r.error = "join without an owner actor";
+          return r;
+        }
+        st.node->index = j.node;
+        if (!st.clients.count(j.owner.address())) {
+          self->monitor(j.owner);
+          st.clients[j.owner.address()].fp = r.fp;
+          log(self, "joined as node " + std::to_string(j.node) + " (" + j.fp.model_name + " " +
+                        hex(r.fp.model_digest) + ", " + j.fp.tokenizer_name + " " +
+                        hex(r.fp.tokenizer_digest) + ")");
+        }
+        return r;
+      },
+      [=](node_peers& p) -> caf::result<node_peers_done> {
+        auto& st = self->state;
+        const size_t n = std::min({p.nodes.size(), p.hosts.size(), p.ports.size()});
+        if (n == 0) return node_peers_done{};
+        struct pending {
+          size_t left;
+          node_peers_done out;
+        };
+        auto pd = std::make_shared<pending>(pending{n, {}});
+        auto rp = self->make_response_promise<node_peers_done>();
+        auto mm = connector(self->system(), st.opts.net.tls.requested());
+        for (size_t i = 0; i < n; ++i) {
+          const std::string who = "node " + std::to_string(p.nodes[i]) + " (" + p.hosts[i] + ":" +
+                                  std::to_string(p.ports[i]) + ")";
+          auto done = [pd, rp]() mutable {
+            if (--pd->left == 0) rp.deliver(pd->out);
+          };
+          self->request(mm, st.opts.peer_timeout, caf::connect_atom::value, p.hosts[i], p.ports[i])
+              .then(
+                  [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) mutable {
+                    if (ptr) {
+                      ++pd->out.connected;
+                    } else {
+                      pd->out.error += (pd->out.error.empty() ? "" : "; ") + who + ": no actor published there";
+                    }
+                    done();
+                  },
+                  [=](caf::error& e) mutable {
+                    pd->out.error += (pd->out.error.empty() ? "" : "; ") + who + ": " +
+                                     describe_connect_error(self->system(), e);
+                    done();
+                  });
+        }
+        return rp;
+      },
+      [=](shard_spawn& s) -> shard_spawned { return do_spawn(self, s); },
+      [=](stats_atom) -> node_report {
+        auto& st = self->state;
+        node_report r;
+        r.node = st.node->index;
+        r.profile = st.node->profile;
+        r.budget_bytes = st.node->budget_bytes;
+        r.used_bytes = st.node->used_bytes.load();
+        r.shards = static_cast<int32_t>(st.shard_handles.size());
+        r.clients = static_cast<int32_t>(st.clients.size());
+        return r;
+      },
+  };
+}
+
+bool is_dir(const std::string& p) {
+  struct stat sb;
+  return ::stat(p.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+}  // namespace
+
+caf::actor spawn_daemon(caf::actor_system& sys, const daemon_options& o) {
+  return sys.spawn(daemon_behavior, o);
+}
+
+struct node_daemon::impl {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  daemon_options opts;
+  caf::actor daemon;
+  std::string host;
+  uint16_t port = 0;
+  bool stopped = false;
+};
+
+node_daemon::node_daemon(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+node_daemon::~node_daemon() { stop(); }
+
+result<std::unique_ptr<node_daemon>> node_daemon::start(const daemon_options& o) {
+  // Everything that CAF would otherwise reject by terminating, first.
+  auto prof = topologies::find_profile(o.profile);
+  if (!prof) return make_error("--profile: " + prof.message());
+  if (o.models_dir.empty()) return make_error("--models: no folder given");
+  if (!is_dir(o.models_dir)) return make_error("--models: " + o.models_dir + " is not a folder");
+  if (o.host.empty()) return make_error("--listen: empty host");
+  auto im = std::make_unique<impl>();
+  im->opts = o;
+  register_messages(im->cfg);
+  auto net = configure_network(im->cfg, o.net);
+  if (!net) return net.err();
+  kernels::set_blas_threads(o.blas_threads);
+  try {
+    im->sys = std::make_unique<caf::actor_system>(im->cfg);
+  } catch (const std::exception& e) {
+    return make_error(std::string("cannot start CAF: ") + e.what());
+  }
+  auto chk = check_network(*im->sys, o.net);
+  if (!chk) return chk.err();
+  const bool tls = o.net.tls.requested();
+  im->host = o.host;
+  im->daemon = spawn_daemon(*im->sys, o);
+  caf::expected<uint16_t> port = tls ? caf::openssl::publish(im->daemon, o.port, o.host.c_str(), true)
+                                     : im->sys->middleman().publish(im->daemon, o.port, o.host.c_str(), true);
+  if (!port) {
+    caf::anon_send_exit(im->daemon, caf::exit_reason::user_shutdown);
+    return make_error("--listen " + o.host + ":" + std::to_string(o.port) + ": cannot listen: " +
+                      im->sys->render(port.error()));
+  }
+  im->port = *port;
+  return std::unique_ptr<node_daemon>(new node_daemon(std::move(im)));
+}
+
+const std::string& node_daemon::host() const { return impl_->host; }
+uint16_t node_daemon::port() const { return impl_->port; }
+caf::actor_system& node_daemon::system() { return *impl_->sys; }
+caf::actor node_daemon::handle() const { return impl_->daemon; }
+
+void node_daemon::stop() {
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  if (impl_->daemon) caf::anon_send_exit(impl_->daemon, caf::exit_reason::user_shutdown);
+  impl_->daemon = nullptr;
+  impl_->sys.reset();
+}
+
+}  // namespace cellshard::actors

@@ -1,0 +1,82 @@
+// actors/daemon.hpp: the node daemon (`cellshard node`). One per process (or
+// machine): it publishes one actor on the middleman (plain TCP or mutual TLS)
+// that front ends talk to with the protocol in actors/messages.hpp ("node
+// daemons"):
+//   - node_join: the daemon opens the model and tokenizer files the front end
+//     names, from its own --models folder, and answers with their digests
+//     (the front end compares them with its own: the cluster fingerprint);
+//   - node_peers: the daemon connects directly to the other daemons of the
+//     cluster, so that stage-to-stage messages go daemon to daemon;
+//   - shard_spawn: the daemon builds the slice (model::shard_weights) from its
+//     copy of the model, checks it against the node's memory budget and
+//     spawns the shard locally (actors/shard.hpp); the reply carries the
+//     shard's handle, a proxy on the front end's side;
+//   - stats_atom: a node_report (memory in use).
+// The daemon monitors each front end's `owner` actor: when it goes down (or
+// its connection is lost: heartbeats, CAF-0.17.md §4), the shards spawned for
+// it are stopped and their memory released.
+//
+// Thread safety: node_daemon's member functions are for the thread that
+// started it. Errors: cellshard::result with messages naming the flag, file
+// or limit.
+#pragma once
+
+#include "actors/tls.hpp"
+#include "model/result.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace cellshard::actors {
+
+struct daemon_options {
+  std::string host = "127.0.0.1";  // address to listen on ("0.0.0.0": every interface)
+  uint16_t port = 0;               // 0: the OS picks a free port
+  std::string profile = "host";    // topologies profile name: host | ps3 | ps3-slim | rpi5
+  uint64_t memory = 0;             // budget override in bytes (0: the profile's)
+  std::string models_dir;          // where the model and tokenizer files are found by name
+  net_options net;                 // heartbeats, connection timeout, TLS, CAF threads
+  std::chrono::milliseconds peer_timeout{5000};  // deadline of a connection to another daemon
+  int blas_threads = 1;            // OpenBLAS threads per call
+  /// Where the daemon reports joins, spawns and departures (one line each,
+  /// no newline); null: silent. Called from CAF threads.
+  std::function<void(const std::string&)> log;
+};
+
+class node_daemon {
+public:
+  /// Validates the options (profile, memory, models folder, TLS files) before
+  /// CAF starts, starts the actor system and publishes the daemon actor.
+  static result<std::unique_ptr<node_daemon>> start(const daemon_options& o);
+  ~node_daemon();
+  node_daemon(const node_daemon&) = delete;
+  node_daemon& operator=(const node_daemon&) = delete;
+
+  /// The address and the bound port ("listening HOST:PORT").
+  const std::string& host() const;
+  uint16_t port() const;
+  caf::actor_system& system();
+  /// The published daemon actor.
+  caf::actor handle() const;
+  /// Stops the daemon and its shards and the actor system. Idempotent.
+  void stop();
+
+  struct impl;
+
+private:
+  explicit node_daemon(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// Spawns the daemon actor in an existing actor system (which must have the
+/// middleman, and caf-openssl when `o.net.tls` is set); node_daemon::start
+/// does this and publishes it. Stopping it (an exit message) stops its shards.
+caf::actor spawn_daemon(caf::actor_system& sys, const daemon_options& o);
+
+}  // namespace cellshard::actors

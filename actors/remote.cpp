@@ -1,0 +1,337 @@
+#include "actors/remote.hpp"
+
+#include "actors/messages.hpp"
+#include "topologies/profile.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace cellshard::actors {
+
+namespace {
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string base_name(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void append(std::string& all, const std::string& one) {
+  if (!one.empty()) all += (all.empty() ? "" : "; ") + one;
+}
+
+/// The front end's stand-in on the daemons: they stop its shards when it goes down.
+caf::behavior owner_behavior(caf::event_based_actor*) {
+  return {[](stats_atom) {}};
+}
+
+}  // namespace
+
+result<std::vector<remote_node>> parse_cluster_json(const std::string& text, const std::string& name) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    return make_error(name + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("nodes") || !j["nodes"].is_array())
+    return make_error(name + ": expected {\"nodes\": [{\"host\": ..., \"port\": ...}, ...]}");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "nodes") return make_error(name + ": unknown key \"" + it.key() + "\" (expected \"nodes\")");
+  std::vector<remote_node> out;
+  int i = 0;
+  for (const auto& n : j["nodes"]) {
+    const std::string where = name + ": nodes[" + std::to_string(i++) + "]";
+    if (!n.is_object()) return make_error(where + ": expected an object");
+    remote_node r;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string& k = it.key();
+      const auto& v = it.value();
+      if (k == "host") {
+        if (!v.is_string() || v.get<std::string>().empty()) return make_error(where + ".host: expected a host name");
+        r.host = v.get<std::string>();
+      } else if (k == "port") {
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65535)
+          return make_error(where + ".port: expected an integer in [1, 65535]");
+        r.port = static_cast<uint16_t>(v.get<int64_t>());
+      } else if (k == "profile") {
+        if (!v.is_string()) return make_error(where + ".profile: expected a string");
+        auto p = topologies::find_profile(v.get<std::string>());
+        if (!p) return make_error(where + ".profile: " + p.message());
+        r.profile = v.get<std::string>();
+      } else if (k == "spare") {
+        if (!v.is_boolean()) return make_error(where + ".spare: expected true or false");
+        r.spare = v.get<bool>();
+      } else if (k == "memory") {
+        if (v.is_number_unsigned() && v.get<uint64_t>() > 0) {
+          r.memory = v.get<uint64_t>();
+        } else if (v.is_string()) {
+          auto m = topologies::parse_memory(v.get<std::string>());
+          if (!m) return make_error(where + ".memory: " + m.message());
+          r.memory = *m;
+        } else {
+          return make_error(where + ".memory: expected bytes or a size such as \"256MiB\"");
+        }
+      } else {
+        return make_error(where + ": unknown key \"" + k + "\" (host, port, profile, spare, memory)");
+      }
+    }
+    if (r.host.empty()) return make_error(where + ": \"host\" is missing");
+    if (r.port == 0) return make_error(where + ": \"port\" is missing");
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) return make_error(name + ": \"nodes\" is empty");
+  return out;
+}
+
+remote_host::remote_host(std::vector<remote_node> nodes, remote_options opts)
+    : entries_(std::move(nodes)), opts_(std::move(opts)) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const auto& e = entries_[i];
+    topologies::node_spec s;
+    s.index = static_cast<int>(i);
+    auto p = topologies::find_profile(e.profile.empty() ? opts_.default_profile : e.profile);
+    s.prof = p ? *p : topologies::host_profile();
+    if (e.memory) s.prof.memory_bytes = e.memory;
+    else if (opts_.default_memory) s.prof.memory_bytes = opts_.default_memory;
+    s.spare = e.spare;
+    specs_.push_back(std::move(s));
+  }
+}
+
+result<std::shared_ptr<remote_host>> remote_host::from_file(const std::string& path, remote_options opts) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error("--cluster: cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto nodes = parse_cluster_json(ss.str(), path);
+  if (!nodes) return nodes.err();
+  auto prof = topologies::find_profile(opts.default_profile);
+  if (!prof) return make_error("--profile: " + prof.message());
+  auto tls = validate_tls(opts.net.tls);
+  if (!tls) return tls.err();
+  return std::make_shared<remote_host>(std::move(*nodes), std::move(opts));
+}
+
+std::vector<topologies::node_spec> remote_host::nodes() const { return specs_; }
+
+result<void> remote_host::configure(caf::actor_system_config& cfg) {
+  return configure_network(cfg, opts_.net);
+}
+
+std::string remote_host::describe(int node) const {
+  if (node < 0 || node >= static_cast<int>(entries_.size())) return "node " + std::to_string(node);
+  return "node " + std::to_string(node) + " (" + entries_[node].address() + ")";
+}
+
+caf::actor remote_host::daemon(int node) const {
+  if (node < 0 || node >= static_cast<int>(daemons_.size())) return {};
+  return daemons_[node];
+}
+
+result<void> remote_host::connect(caf::actor_system& sys, const model::model_file& file,
+                                  const model::tokenizer& tok) {
+  auto net = check_network(sys, opts_.net);
+  if (!net) return net;
+  sys_ = &sys;
+  const size_t n = entries_.size();
+  const bool tls = opts_.net.tls.requested();
+  caf::scoped_actor self{sys};
+
+  // 1. Connections, all at once: the wait is one deadline, not n.
+  daemons_.assign(n, caf::actor{});
+  {
+    auto mm = connector(sys, tls);
+    auto send = [&](size_t i) {
+      return self->request(mm, opts_.connect_timeout, caf::connect_atom::value, entries_[i].host,
+                           entries_[i].port);
+    };
+    std::vector<decltype(send(0))> pending;
+    for (size_t i = 0; i < n; ++i) pending.push_back(send(i));
+    std::string errors;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string who = describe(static_cast<int>(i));
+      pending[i].receive(
+          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
+            if (ptr) daemons_[i] = caf::actor_cast<caf::actor>(ptr);
+            else append(errors, who + ": no cellshard node daemon published there");
+          },
+          [&](caf::error& e) {
+            append(errors, who + ": cannot connect" + (tls ? " (TLS)" : "") + " within " +
+                               std::to_string(opts_.connect_timeout.count()) +
+                               " ms: " + describe_connect_error(sys, e));
+          });
+    }
+    if (!errors.empty()) return make_error(errors);
+  }
+
+  // 2. Join with the cluster fingerprint.
+  owner_ = sys.spawn<caf::hidden>(owner_behavior);
+  cluster_fingerprint fp;
+  fp.model_name = base_name(file.path());
+  fp.model_digest = file.digest();
+  fp.tokenizer_name = base_name(tok.name());
+  fp.tokenizer_digest = tok.digest();
+  {
+    std::vector<node_joined> replies(n);
+    std::vector<std::string> errs(n);
+    auto send = [&](size_t i) {
+      return self->request(daemons_[i], opts_.request_timeout, node_join{fp, static_cast<int32_t>(i), owner_});
+    };
+    std::vector<decltype(send(0))> pending;
+    for (size_t i = 0; i < n; ++i) pending.push_back(send(i));
+    for (size_t i = 0; i < n; ++i)
+      pending[i].receive([&](node_joined& r) { replies[i] = std::move(r); },
+                         [&](caf::error& e) {
+                           errs[i] = "no answer to the join within " +
+                                     std::to_string(opts_.request_timeout.count()) + " ms: " +
+                                     describe_connect_error(sys, e);
+                         });
+    std::string errors;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string who = describe(static_cast<int>(i));
+      const auto& r = replies[i];
+      if (!errs[i].empty()) {
+        append(errors, who + ": " + errs[i]);
+      } else if (!r.error.empty()) {
+        append(errors, who + " refused to join: " + r.error);
+      } else {
+        std::string diff;
+        if (r.fp.protocol != fp.protocol)
+          append(diff, "protocol version " + std::to_string(r.fp.protocol) + " (front end: " +
+                           std::to_string(fp.protocol) + ")");
+        if (r.fp.model_digest != fp.model_digest)
+          append(diff, "model differs: its " + r.fp.model_name + " in " + r.models_dir + " has digest " +
+                           hex(r.fp.model_digest) + ", the front end's " + fp.model_name + " has " +
+                           hex(fp.model_digest));
+        if (r.fp.tokenizer_digest != fp.tokenizer_digest)
+          append(diff, "tokenizer differs: its " + r.fp.tokenizer_name + " in " + r.models_dir +
+                           " has digest " + hex(r.fp.tokenizer_digest) + ", the front end's " +
+                           fp.tokenizer_name + " has " + hex(fp.tokenizer_digest));
+        if (!diff.empty()) append(errors, who + " refused: cluster fingerprint mismatch: " + diff);
+      }
+    }
+    if (!errors.empty()) {
+      self->send_exit(owner_, caf::exit_reason::user_shutdown);
+      return make_error(errors);
+    }
+  }
+
+  // 3. Direct links between the daemons (node i dials every j > i).
+  if (opts_.direct_links && n > 1) {
+    auto send = [&](size_t i) {
+      node_peers p;
+      for (size_t j = i + 1; j < n; ++j) {
+        p.nodes.push_back(static_cast<int32_t>(j));
+        p.hosts.push_back(entries_[j].host);
+        p.ports.push_back(entries_[j].port);
+      }
+      // The daemon's own peer deadline comes first; ours covers a silent daemon.
+      return self->request(daemons_[i], opts_.connect_timeout * 2, std::move(p));
+    };
+    std::vector<decltype(send(0))> pending;
+    for (size_t i = 0; i + 1 < n; ++i) pending.push_back(send(i));
+    std::string errors;
+    for (size_t i = 0; i + 1 < n; ++i) {
+      const std::string who = describe(static_cast<int>(i));
+      pending[i].receive(
+          [&](node_peers_done& d) {
+            if (!d.error.empty()) append(errors, who + " cannot reach " + d.error);
+          },
+          [&](caf::error& e) {
+            append(errors, who + ": no answer while linking to the other nodes: " +
+                               describe_connect_error(sys, e));
+          });
+    }
+    if (!errors.empty()) {
+      self->send_exit(owner_, caf::exit_reason::user_shutdown);
+      return make_error(errors);
+    }
+  }
+  return {};
+}
+
+result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_request& req) {
+  if (!req.placed) return make_error("spawn without a placed shard");
+  const auto& p = *req.placed;
+  const int node = p.node;
+  if (node < 0 || node >= static_cast<int>(daemons_.size()) || !daemons_[node])
+    return make_error(describe(node) + ": not connected");
+  if (req.faults)
+    return make_error("fault injection runs in process only; it is not supported over node daemons yet");
+  shard_spawn s;
+  s.owner = owner_;
+  s.index = p.index;
+  s.stage = p.stage;
+  s.rank = p.rank;
+  s.group_size = p.group_size;
+  s.node = node;
+  s.layer_begin = req.spec.layer_begin;
+  s.layer_end = req.spec.layer_end;
+  s.kv_head_begin = req.spec.kv_head_begin;
+  s.kv_head_end = req.spec.kv_head_end;
+  s.ffn_begin = req.spec.ffn_begin;
+  s.ffn_end = req.spec.ffn_end;
+  s.embedding = req.spec.embedding;
+  s.classifier = req.spec.classifier;
+  s.weights = model::to_string(req.weights);
+  s.kernels = req.kernels;
+  s.kv_bytes = p.memory.kv_cache;
+  s.buffer_bytes = p.memory.buffers;
+  s.checkpoint_every = req.checkpoint_every;
+  s.heartbeat = req.heartbeat;
+  s.coordinator = req.coordinator;
+  caf::scoped_actor self{sys};
+  result<caf::actor> out = make_error(describe(node) + ": no reply");
+  self->request(daemons_[node], opts_.request_timeout, std::move(s))
+      .receive(
+          [&](shard_spawned& r) {
+            if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
+            else out = r.shard;
+          },
+          [&](caf::error& e) {
+            out = make_error(describe(node) + ": no answer to the spawn request within " +
+                             std::to_string(opts_.request_timeout.count()) + " ms: " +
+                             describe_connect_error(sys, e));
+          });
+  return out;
+}
+
+std::vector<uint64_t> remote_host::node_memory() const {
+  std::vector<uint64_t> out(entries_.size(), 0);
+  if (!sys_) return out;
+  caf::scoped_actor self{*sys_};
+  auto send = [&](size_t i) {
+    return self->request(daemons_[i], std::chrono::seconds(2), stats_atom::value);
+  };
+  std::vector<decltype(send(0))> pending;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < daemons_.size(); ++i)
+    if (daemons_[i]) {
+      pending.push_back(send(i));
+      which.push_back(i);
+    }
+  for (size_t k = 0; k < pending.size(); ++k)
+    pending[k].receive([&](node_report& r) { out[which[k]] = r.used_bytes; }, [](caf::error&) {});
+  return out;
+}
+
+void remote_host::shutdown(caf::actor_system&) {
+  if (owner_) caf::anon_send_exit(owner_, caf::exit_reason::user_shutdown);
+  owner_ = nullptr;
+  daemons_.clear();
+  sys_ = nullptr;
+}
+
+}  // namespace cellshard::actors

@@ -1,0 +1,98 @@
+// actors/remote.hpp: a shard_host whose nodes are node daemons (actors/daemon.hpp)
+// reached over CAF's middleman, as `cellshard run --cluster FILE.json` uses it.
+//
+// The cluster file (CLI.md):
+//   {"nodes": [{"host": "127.0.0.1", "port": 4242, "profile": "ps3", "spare": false,
+//               "memory": "256MiB"}, ...]}
+// "profile", "spare" and "memory" are optional (defaults: remote_options). A
+// node's index is its position in the list; the placement sees the profiles
+// and budgets written here, and each daemon enforces its own budget when it
+// loads a slice.
+//
+// connect() does, for every node at once and each under a deadline:
+//   1. opens the connection (plain, or mutual TLS when remote_options::net.tls
+//      is set) with the middleman's heartbeat and connection timeout on, so a
+//      frozen daemon fails the connect instead of hanging it (CAF-0.17.md §4);
+//   2. joins: the daemon opens its own copies of the model and tokenizer files
+//      by file name and returns their digests; a different model, tokenizer or
+//      protocol version is an error naming the node (host:port) and what
+//      differs (the cluster fingerprint);
+//   3. links the daemons to each other directly (node i connects to every
+//      node j > i), so that when the front end later hands stage s the handle
+//      of stage s+1, stage s already has a direct route to it and CAF 0.17
+//      does not route their traffic through the front end (CAF-0.17.md §4b).
+// spawn() asks the node's daemon to load the slice and spawn the shard; the
+// reply carries the shard's handle (a proxy here).
+//
+// Thread safety: as shard_host (the cluster's thread; spawn() may also run on
+// a CAF worker inside the supervision tree: it blocks that thread for at most
+// request_timeout). Errors: cellshard::result naming the node and the cause.
+#pragma once
+
+#include "actors/host.hpp"
+#include "actors/tls.hpp"
+
+#include <caf/actor.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cellshard::actors {
+
+/// One entry of the cluster file.
+struct remote_node {
+  std::string host;
+  uint16_t port = 0;
+  std::string profile;  // "" = remote_options::default_profile
+  uint64_t memory = 0;  // budget override in bytes (0: remote_options::default_memory, then the profile's)
+  bool spare = false;
+  std::string address() const { return host + ":" + std::to_string(port); }
+};
+
+struct remote_options {
+  net_options net{{}, std::chrono::milliseconds(100), std::chrono::milliseconds(500), 0};
+  std::string default_profile = "host";
+  uint64_t default_memory = 0;
+  std::chrono::milliseconds connect_timeout{5000};   // connection + TLS handshake
+  std::chrono::milliseconds request_timeout{30000};  // join (the daemon may hash a large file), spawn
+  /// Link the daemons directly (see above). false only to show, in tests, that
+  /// stage-to-stage traffic then passes through the front end.
+  bool direct_links = true;
+};
+
+/// Parses the cluster file's text; `name` names it in errors.
+result<std::vector<remote_node>> parse_cluster_json(const std::string& text, const std::string& name);
+
+class remote_host : public shard_host {
+public:
+  remote_host(std::vector<remote_node> nodes, remote_options opts);
+  /// Reads and parses the cluster file and checks the TLS files.
+  static result<std::shared_ptr<remote_host>> from_file(const std::string& path, remote_options opts);
+
+  std::vector<topologies::node_spec> nodes() const override;
+  result<void> configure(caf::actor_system_config& cfg) override;
+  result<void> connect(caf::actor_system& sys, const model::model_file& file,
+                       const model::tokenizer& tok) override;
+  result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) override;
+  /// Asks every daemon (deadline 2 s each, in parallel); 0 for a node that did not answer.
+  std::vector<uint64_t> node_memory() const override;
+  void shutdown(caf::actor_system& sys) override;
+
+  /// "node 2 (127.0.0.1:4243)".
+  std::string describe(int node) const;
+  const std::vector<remote_node>& entries() const { return entries_; }
+  /// The daemon actor of `node` after connect() (invalid before).
+  caf::actor daemon(int node) const;
+
+private:
+  std::vector<remote_node> entries_;
+  remote_options opts_;
+  std::vector<topologies::node_spec> specs_;
+  std::vector<caf::actor> daemons_;
+  caf::actor owner_;
+  caf::actor_system* sys_ = nullptr;
+};
+
+}  // namespace cellshard::actors

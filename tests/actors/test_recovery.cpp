@@ -1,0 +1,164 @@
+// Supervision in one process (issue #6): crashed and silent shards are
+// detected, restarted (in place, or on a spare), restored from checkpoints and
+// replayed, and the output equals llama2.c's fixture exactly. Times here are
+// real (the phi detector needs wall-clock heartbeats), but nothing sleeps:
+// every wait is on a result with a deadline.
+#include "supervision/fault_plan.hpp"
+#include "tests/actors/fixture_runner.hpp"
+
+using namespace cellshard;
+
+namespace {
+
+struct fault_case {
+  std::string name;
+  int nodes, spares;
+  std::string topology;
+  std::string fixture;
+  std::vector<std::string> faults;
+  int checkpoint_every = 16;
+};
+
+const test::fixture_case& fixture(const std::string& name) {
+  for (const auto& fc : test::fixture_cases())
+    if (fc.name == name) return fc;
+  FAIL("no fixture " << name);
+  return test::fixture_cases().front();
+}
+
+actors::session_outcome run_with_faults(const fault_case& c, actors::cluster_options o,
+                                        std::vector<actors::fault_record>* records = nullptr) {
+  for (const auto& spec : c.faults) {
+    auto f = supervision::parse_fault_spec(spec);
+    REQUIRE(f.ok());
+    o.faults.push_back(*f);
+  }
+  o.checkpoint_every = c.checkpoint_every;
+  o.spares = c.spares;
+  auto cl = actors::cluster::start(o);
+  REQUIRE(cl.ok());
+  auto r = (*cl)->generate(test::params_of(fixture(c.fixture)), {}, std::chrono::seconds(60));
+  REQUIRE(r.ok());
+  if (records) *records = (*cl)->faults();
+  return *r;
+}
+
+}  // namespace
+
+TEST_CASE("crashes and silences at several positions reproduce the fixtures", "[recovery]") {
+  if (!test::have_shared()) return;
+  const std::vector<fault_case> cases = {
+      // pipeline: prefill, first decode step, before and after a checkpoint, mid-run
+      {"pipeline crash in prefill", 3, 1, "pipeline", "greedy_prompt_lily_tom_n100", {"crash:node=1:step=5"}},
+      {"pipeline crash at the first decode step", 3, 1, "pipeline", "greedy_prompt_lily_tom_n100",
+       {"crash:node=2:step=12"}},
+      {"pipeline crash before any checkpoint", 3, 1, "pipeline", "greedy_bos_n200", {"crash:node=1:step=9"}},
+      {"pipeline crash after a checkpoint", 3, 1, "pipeline", "topp_t1.0_p0.9_s133742_n256",
+       {"crash:node=1:step=40"}},
+      {"pipeline crash of stage 0", 3, 1, "pipeline", "mult_t0.9_p1.0_s2024_n150", {"crash:node=0:step=77"}},
+      {"pipeline silence mid-run moves to the spare", 3, 1, "pipeline", "topp_t0.5_p0.95_s7_n150",
+       {"silence:node=1:step=60"}},
+      {"pipeline two crashes in two stages", 4, 0, "pipeline", "greedy_bos_n200",
+       {"crash:node=1:step=30", "crash:node=3:step=120"}},
+      // tensor parallel: the whole group replays
+      {"tensor crash mid-run", 3, 1, "tensor", "topp_t1.0_p0.9_s133742_n256", {"crash:node=1:step=50"}},
+      {"tensor crash in prefill", 2, 1, "tensor", "greedy_prompt_lily_tom_n100", {"crash:node=0:step=3"}},
+      {"tensor silence moves to the spare", 3, 1, "tensor", "greedy_bos_n200", {"silence:node=2:step=33"}},
+      {"hybrid crash of a rank in stage 1", 4, 0, "hybrid:2x2", "greedy_bos_n200", {"crash:node=3:step=64"}},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      std::vector<actors::fault_record> records;
+      auto out = run_with_faults(c, test::stories_options(c.nodes, c.topology), &records);
+      INFO(out.error);
+      REQUIRE(out.ok);
+      {
+        const auto want = test::read_ids(test::shared_file("fixtures/" + c.fixture + ".ids"));
+        size_t d = 0;
+        while (d < want.size() && d < out.result.ids.size() && want[d] == out.result.ids[d]) ++d;
+        INFO("first difference at position " << d);
+        for (const auto& rec : out.recoveries)
+          INFO("recovery at " << rec.position << " restored " << rec.restored_to << " replayed "
+                              << rec.replayed_positions << (rec.from_upstream_log ? " (log)" : " (tokens)"));
+        CHECK(d == want.size());
+      }
+      CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/" + c.fixture + ".ids")));
+      CHECK(out.result.text + "\n" == test::read_file(test::shared_file("fixtures/" + c.fixture + ".txt")));
+      // Every fault was detected and recovered from.
+      REQUIRE(records.size() == c.faults.size());
+      REQUIRE(out.recoveries.size() >= c.faults.size());
+      for (const auto& r : records) {
+        CHECK(r.detect_ms >= 0);
+        CHECK(r.recover_ms >= 0);
+        if (r.kind == "silence") CHECK(r.moved_to_node != r.node);  // went to a spare
+        if (r.kind == "crash") CHECK(r.moved_to_node == r.node);    // restarted in place
+      }
+      // Replay covers exactly the positions since the restored checkpoint.
+      for (const auto& rec : out.recoveries) {
+        CHECK(rec.replayed_positions == rec.position - rec.restored_to);
+        CHECK(rec.restored_to <= rec.position);
+      }
+    }
+  }
+}
+
+TEST_CASE("checkpoints bound the replay", "[recovery]") {
+  if (!test::have_shared()) return;
+  // A crash at position 100 with checkpoints every 16 positions restores at
+  // least position 96's checkpoint and replays only what followed.
+  fault_case c{"", 3, 0, "pipeline", "greedy_bos_n200", {"crash:node=1:step=100"}, 16};
+  auto out = run_with_faults(c, test::stories_options(3, "pipeline"));
+  REQUIRE(out.ok);
+  REQUIRE(out.recoveries.size() == 1);
+  const auto& rec = out.recoveries[0];
+  CHECK(rec.position == 100);
+  CHECK(rec.restored_to == 96);
+  CHECK(rec.replayed_positions == 4);
+  CHECK(rec.from_upstream_log);  // stage 1 replays from stage 0's log
+  CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids")));
+}
+
+TEST_CASE("a corrupted checkpoint is detected and the run still reproduces the fixture",
+          "[recovery][checkpoint]") {
+  if (!test::have_shared()) return;
+  fault_case c{"", 3, 0, "pipeline", "topp_t1.0_p0.9_s133742_n256", {"crash:node=1:step=70"}, 16};
+  auto o = test::stories_options(3, "pipeline");
+  o.corrupt_checkpoints_of = 1;
+  auto out = run_with_faults(c, o);
+  INFO(out.error);
+  REQUIRE(out.ok);
+  REQUIRE(out.recoveries.size() == 1);
+  // Every delta of shard 1 is corrupt: the chain ends at once, the shard is
+  // rebuilt by replaying everything, and the reason is reported.
+  CHECK(out.recoveries[0].restored_to == 0);
+  CHECK(out.recoveries[0].replayed_positions == 70);
+  CHECK_THAT(out.recoveries[0].checkpoint_note, Catch::Contains("shard-1"));
+  CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/topp_t1.0_p0.9_s133742_n256.ids")));
+}
+
+TEST_CASE("recovery impossible: the error and the partial output come back", "[recovery][errors]") {
+  if (!test::have_shared()) return;
+  const auto want = test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids"));
+  SECTION("a silent node and no spare") {
+    fault_case c{"", 3, 0, "pipeline", "greedy_bos_n200", {"silence:node=1:step=40"}};
+    auto out = run_with_faults(c, test::stories_options(3, "pipeline"));
+    CHECK_FALSE(out.ok);
+    CHECK_THAT(out.error, Catch::Contains("no spare node") && Catch::Contains("placement index 1") &&
+                              Catch::Contains("node 1"));
+    // The tokens before the fault are there, and they are the right ones.
+    REQUIRE(out.result.ids.size() >= 40);
+    REQUIRE(out.result.ids.size() < want.size());
+    CHECK(std::equal(out.result.ids.begin(), out.result.ids.end(), want.begin()));
+  }
+  SECTION("restart intensity exceeded") {
+    fault_case c{"", 3, 0, "pipeline", "greedy_bos_n200",
+                 {"crash:node=1:step=10", "crash:node=1:step=20", "crash:node=1:step=30",
+                  "crash:node=1:step=40"}};
+    auto out = run_with_faults(c, test::stories_options(3, "pipeline"));
+    CHECK_FALSE(out.ok);
+    CHECK_THAT(out.error, Catch::Contains("stage 1 supervisor exceeded its restart intensity") &&
+                              Catch::Contains("shard-1") && Catch::Contains("injected crash at step 40"));
+    REQUIRE(out.result.ids.size() >= 40);
+    CHECK(std::equal(out.result.ids.begin(), out.result.ids.end(), want.begin()));
+  }
+}

@@ -1,0 +1,110 @@
+// `cellshard node`: a node daemon that hosts shards for front ends
+// (`cellshard run --cluster FILE`), loading each slice from its own copy of
+// the model found by file name in --models. Its first line on stdout is
+// `listening HOST:PORT` (with the port the OS picked for port 0); it runs
+// until SIGINT or SIGTERM. Joins, spawns and departures are logged to stderr.
+#include "actors/daemon.hpp"
+#include "actors/tls.hpp"
+#include "topologies/profile.hpp"
+#include "tools/commands.hpp"
+#include "tools/common.hpp"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <pthread.h>
+
+namespace cellshard::tools {
+
+namespace {
+
+struct node_opts {
+  std::string listen, profile = "host", memory, models, tls_cert, tls_key, tls_ca;
+  int caf_threads = 2, blas_threads = 1;
+  int heartbeat_ms = 100, connection_timeout_ms = 500, peer_timeout_ms = 5000;
+  bool quiet = false;
+};
+
+int do_node(const node_opts& o) {
+  actors::daemon_options d;
+  d.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
+  // Usage errors first, before anything starts (a CA file alone would make
+  // caf-openssl terminate the process).
+  auto flags = actors::check_tls_flags(d.net.tls);
+  if (!flags) throw cli_error(flags.message(), 2);
+  auto hp = actors::parse_host_port(o.listen, "--listen");
+  if (!hp) throw cli_error(hp.message(), 2);
+  d.host = hp->host;
+  d.port = hp->port;
+  d.profile = o.profile;
+  if (!o.memory.empty()) {
+    auto m = topologies::parse_memory(o.memory);
+    if (!m) throw cli_error("--memory: " + m.message(), 2);
+    d.memory = *m;
+  }
+  if (o.models.empty()) {
+    const char* env = std::getenv("CELLSHARD_MODELS");
+    d.models_dir = env && *env ? env : "./models";
+  } else {
+    d.models_dir = o.models;
+  }
+  d.net.caf_threads = o.caf_threads;
+  d.net.heartbeat = std::chrono::milliseconds(o.heartbeat_ms);
+  d.net.connection_timeout = std::chrono::milliseconds(o.connection_timeout_ms);
+  d.peer_timeout = std::chrono::milliseconds(o.peer_timeout_ms);
+  d.blas_threads = o.blas_threads;
+  auto prefix = std::make_shared<std::string>("cellshard node");
+  if (!o.quiet)
+    d.log = [prefix](const std::string& line) { std::fprintf(stderr, "%s: %s\n", prefix->c_str(), line.c_str()); };
+
+  // SIGINT/SIGTERM are taken by sigwait below: block them before CAF starts
+  // its threads, which inherit the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto daemon = actors::node_daemon::start(d);
+  if (!daemon) throw cli_error(daemon.message());
+  const std::string addr = (*daemon)->host() + ":" + std::to_string((*daemon)->port());
+  *prefix = "cellshard node " + addr;
+  std::printf("listening %s\n", addr.c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "cellshard node %s: profile %s, models in %s%s\n", addr.c_str(), d.profile.c_str(),
+               d.models_dir.c_str(), d.net.tls.requested() ? ", mutual TLS" : "");
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "cellshard node %s: signal %d, stopping\n", addr.c_str(), sig);
+  (*daemon)->stop();
+  return 0;
+}
+
+}  // namespace
+
+void add_node(CLI::App& app, int& status) {
+  auto o = std::make_shared<node_opts>();
+  auto* cmd = app.add_subcommand("node", "a node daemon that hosts shards for a cluster (run --cluster)");
+  cmd->add_option("--listen", o->listen, "HOST:PORT to listen on (port 0 picks a free one); "
+                  "the first line on stdout is 'listening HOST:PORT'")->required();
+  cmd->add_option("--profile", o->profile, "node profile: host|ps3|ps3-slim|rpi5")->capture_default_str();
+  cmd->add_option("--memory", o->memory, "memory budget, e.g. 256MiB (overrides the profile's)");
+  cmd->add_option("--models", o->models,
+                  "folder holding the model and tokenizer files, found by file name "
+                  "(default: $CELLSHARD_MODELS, else ./models)");
+  cmd->add_option("--tls-cert", o->tls_cert, "this node's certificate (PEM); mutual TLS needs all three");
+  cmd->add_option("--tls-key", o->tls_key, "its private key (PEM, unencrypted)");
+  cmd->add_option("--tls-ca", o->tls_ca, "the CA certificate every peer must be signed by (PEM)");
+  cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads")->capture_default_str();
+  cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads")->capture_default_str();
+  cmd->add_option("--heartbeat-ms", o->heartbeat_ms, "middleman heartbeat interval")->capture_default_str();
+  cmd->add_option("--connection-timeout-ms", o->connection_timeout_ms,
+                  "a peer silent this long is disconnected")->capture_default_str();
+  cmd->add_option("--peer-timeout-ms", o->peer_timeout_ms,
+                  "deadline of a connection to another node")->capture_default_str();
+  cmd->add_flag("-q,--quiet", o->quiet, "do not log joins and spawns to stderr");
+  cmd->callback([o, &status] { status = do_node(*o); });
+}
+
+}  // namespace cellshard::tools
