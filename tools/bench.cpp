@@ -58,6 +58,23 @@ void add_bench(CLI::App& app, int& status) {
     if (!kjson->empty()) write_text(*kjson, j);
   });
 
+  auto ro = std::make_shared<recovery_bench_options>();
+  auto rjson = std::make_shared<std::string>();
+  auto* rb = bench->add_subcommand("recovery", "detection and recovery time vs checkpoint interval and context");
+  rb->add_option("-m,--model", ro->model, "model (default lookup as run)");
+  rb->add_option("-z,--tokenizer", ro->tokenizer, "tokenizer");
+  rb->add_option("--nodes", ro->nodes, "working nodes (one spare is added)")->capture_default_str();
+  rb->add_option("--checkpoint-every", ro->checkpoint_every, "values of K")->delimiter(',')->capture_default_str();
+  rb->add_option("--contexts", ro->contexts, "positions at which the fault fires")->delimiter(',')
+      ->capture_default_str();
+  rb->add_option("--json", *rjson, "rows as JSON to FILE (- = stdout)");
+  rb->callback([ro, rjson, &status] {
+    std::vector<bench_row> rows;
+    status = run_recovery_bench(*ro, rows);
+    const std::string j = print_rows(rows);
+    if (!rjson->empty()) write_text(*rjson, j);
+  });
+
   auto co = std::make_shared<cluster_bench_options>();
   auto json = std::make_shared<std::string>();
   auto* cl = bench->add_subcommand("cluster", "per-token latency and communication share vs node count");

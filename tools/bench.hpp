@@ -32,6 +32,16 @@ struct cluster_bench_options {
 
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows);
 
+struct recovery_bench_options {
+  std::string model, tokenizer;
+  int nodes = 3;                                  // + 1 spare
+  std::vector<int> checkpoint_every = {4, 16, 64};
+  std::vector<int> contexts = {37, 133, 301};     // positions at which the fault fires (greedy
+                                                  // stories260K reaches 346 before BOS)
+};
+
+int run_recovery_bench(const recovery_bench_options& o, std::vector<bench_row>& rows);
+
 /// Prints rows as a table and returns them as JSON text.
 std::string print_rows(const std::vector<bench_row>& rows);
 
