@@ -31,6 +31,7 @@ public:
       ns->index = n.index;
       ns->profile = prof_.name;
       ns->budget_bytes = prof_.memory_bytes;
+      ns->shaper = std::make_shared<link_shaper>(prof_.link);
       states_.push_back(ns);
     }
   }
@@ -127,6 +128,11 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
     if (!prof) return prof.err();
     topologies::profile p = *prof;
     if (opts.memory) p.memory_bytes = opts.memory;
+    if (!opts.link.empty()) {
+      auto l = topologies::parse_link(opts.link);
+      if (!l) return make_error("link: " + l.message());
+      p.link = *l;
+    }
     im->host = std::make_shared<local_host>(opts.nodes, opts.spares, p, im->file);
   }
 
@@ -145,6 +151,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   kernels::set_blas_threads(opts.blas_threads);
   register_messages(im->cfg);
   im->cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(1, opts.caf_threads)));
+  // Idle CAF workers sleep up to 10 ms between polls by default (relaxed
+  // polling), which would add milliseconds to every shaped link's delivery.
+  im->cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan(std::chrono::microseconds(200)));
   auto conf = im->host->configure(im->cfg);
   if (!conf) return conf.err();
   im->sys = std::make_unique<caf::actor_system>(im->cfg);
@@ -271,6 +280,55 @@ std::vector<fault_record> cluster::faults() const {
   }
   std::lock_guard<std::mutex> lock(impl_->rt->mu);
   return impl_->rt->faults;
+}
+
+result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chrono::milliseconds deadline) {
+  std::vector<link_measurement> out;
+  std::vector<caf::actor> actors;
+  std::vector<int> nodes;
+  {
+    std::lock_guard<std::mutex> lock(impl_->rt->mu);
+    actors = impl_->rt->actor_of;
+    nodes = impl_->rt->node_of;
+  }
+  // The links of the placement: rank 0 of a stage to every shard of the next,
+  // and every pair inside a tensor-parallel group.
+  std::vector<std::pair<int, int>> pairs;  // placement indices
+  const auto& stages = impl_->plan.stages;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    for (int a : stages[s].shards)
+      for (int b : stages[s].shards)
+        if (a != b) pairs.emplace_back(a, b);
+    if (s + 1 < stages.size())
+      for (int b : stages[s + 1].shards) pairs.emplace_back(stages[s].shards.front(), b);
+  }
+  const auto nodes_spec = impl_->host->nodes();
+  auto link_of = [&](int node) {
+    for (const auto& n : nodes_spec)
+      if (n.index == node) return n.prof.link;
+    return topologies::link_spec{};
+  };
+  caf::scoped_actor self{*impl_->sys};
+  for (auto [a, b] : pairs) {
+    const auto spec = link_of(nodes[a]);
+    if (spec.bandwidth_bps == 0 && spec.latency_us == 0) continue;
+    const int bytes = 16384;
+    const double seconds = 0.04;
+    int n = spec.bandwidth_bps > 0 ? static_cast<int>(spec.bandwidth_bps * seconds / 8 / bytes) : 8;
+    n = std::max(8, std::min(512, n));
+    self->send(actors[a], probe_atom::value, actors[b], static_cast<int32_t>(nodes[b]),
+               static_cast<int32_t>(n), static_cast<int32_t>(bytes), caf::actor{self});
+    std::string err;
+    self->receive([&](probe_result& r) {
+                    out.push_back({r.from, r.to, static_cast<double>(spec.bandwidth_bps), spec.latency_us,
+                                   r.bandwidth_bps, r.latency_us});
+                  },
+                  caf::after(deadline) >> [&] { err = "timeout"; });
+    if (!err.empty())
+      return make_error("measuring link " + std::to_string(nodes[a]) + " -> " + std::to_string(nodes[b]) +
+                        ": no answer within " + std::to_string(deadline.count()) + " ms");
+  }
+  return out;
 }
 
 std::vector<int> cluster::current_nodes() const {

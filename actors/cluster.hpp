@@ -50,6 +50,7 @@ struct cluster_options {
   std::string topology = "pipeline";  // pipeline | tensor | hybrid:PxT (topologies::parse_strategy)
   std::string profile = "host";       // host | ps3 | ps3-slim | rpi5
   uint64_t memory = 0;                // per-node budget override in bytes (0: the profile's)
+  std::string link;                   // per-node link override "BANDWIDTH:LATENCY" ("": the profile's)
   std::string kernels = "blas";       // kernel backend
   std::string weights = "f32";        // f32 | q8_0
   int sessions = 1;                   // concurrent sessions the memory check plans for
@@ -99,6 +100,16 @@ public:
   const topologies::placement& placement() const;
   /// Every fault that fired so far, with detection and recovery times.
   std::vector<fault_record> faults() const;
+  /// Measures every link the placement uses (probe bursts through the
+  /// shapers: a tiny message for latency, then back-to-back 16 KiB messages
+  /// for bandwidth, ~40 ms per link). Unshaped links are left out.
+  struct link_measurement {
+    int from = 0, to = 0;
+    double target_bps = 0, target_latency_us = 0;
+    double measured_bps = 0, measured_latency_us = 0;
+  };
+  result<std::vector<link_measurement>> measure_links(std::chrono::milliseconds deadline = std::chrono::seconds(20));
+
   /// The node each placement index runs on now (changes when shards move to spares).
   std::vector<int> current_nodes() const;
   const model::config& config() const;

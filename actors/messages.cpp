@@ -94,6 +94,8 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<fault_report>("cs_fault_report");
   cfg.add_message_type<shard_restarted>("cs_shard_restarted");
   cfg.add_message_type<cluster_failed>("cs_cluster_failed");
+  cfg.add_message_type<probe_msg>("cs_probe_msg");
+  cfg.add_message_type<probe_result>("cs_probe_result");
   // node daemons (issue #5)
   cfg.add_message_type<cluster_fingerprint>("cs_fingerprint");
   cfg.add_message_type<node_join>("cs_node_join");

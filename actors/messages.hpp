@@ -141,14 +141,16 @@ typename Inspector::result_type inspect(Inspector& f, logits_msg& x) {
 }
 
 /// A shard's failure reported to the session (out of memory, corrupt payload).
+/// `retry`: the step can be re-sent (a payload failed its checksum on the way).
 struct shard_error {
   step_id id;
   int32_t node = 0;
   std::string message;
+  bool retry = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_error& x) {
-  return f(caf::meta::type_name("shard_error"), x.id, x.node, x.message);
+  return f(caf::meta::type_name("shard_error"), x.id, x.node, x.message, x.retry);
 }
 
 /// Where a shard sends: its TP group in rank order and the next stage's
@@ -256,6 +258,36 @@ struct cluster_failed {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cluster_failed& x) {
   return f(caf::meta::type_name("cluster_failed"), x.message);
+}
+
+// -- link measurement (issue #8) ---------------------------------------------------
+using probe_atom = caf::atom_constant<caf::atom("cs_probe")>;  // start a probe burst
+
+/// One message of a probe burst over a shaped link: seq 0 is tiny (latency),
+/// seqs 1..n carry `bytes` each, back to back (bandwidth from inter-arrivals).
+struct probe_msg {
+  int32_t seq = 0;
+  int32_t n = 0;
+  int32_t from_node = 0;
+  int64_t sent_ns = 0;  // steady_clock at the sender (same host)
+  blob payload;
+  caf::actor reply_to;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, probe_msg& x) {
+  return f(caf::meta::type_name("probe_msg"), x.seq, x.n, x.from_node, x.sent_ns, x.payload, x.reply_to);
+}
+
+/// What a probe measured on the link from -> to.
+struct probe_result {
+  int32_t from = 0, to = 0;
+  double latency_us = 0;
+  double bandwidth_bps = 0;
+  uint64_t bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, probe_result& x) {
+  return f(caf::meta::type_name("probe_result"), x.from, x.to, x.latency_us, x.bandwidth_bps, x.bytes);
 }
 
 /// Registers every message type above with a config (call in every process).

@@ -6,8 +6,11 @@
 // shards on it (std::shared_ptr).
 #pragma once
 
+#include "actors/transport.hpp"
+
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace cellshard::actors {
@@ -17,6 +20,8 @@ struct node_state {
   std::string profile = "host";
   uint64_t budget_bytes = 0;  // 0 = unlimited
   std::atomic<uint64_t> used_bytes{0};
+  /// The node's outgoing links (unshaped by default).
+  std::shared_ptr<link_shaper> shaper = std::make_shared<link_shaper>();
 
   /// Charges `bytes`; false (and nothing charged) when the budget would be exceeded.
   bool try_charge(uint64_t bytes) {

@@ -113,6 +113,21 @@ void emit(session_actor* self, int next) {
   }
 }
 
+/// Re-sends the step in flight in a new epoch (a payload was corrupted or a
+/// message lost); past `max_retries` consecutive re-sends the session ends.
+void retry_step(session_actor* self, const std::string& why) {
+  auto& st = self->state;
+  if (st.recovering) return;  // the recovery re-sends the step anyway
+  if (st.retries_left <= 0) {
+    finish(self, false, why + " (after " + std::to_string(st.spec.max_retries) + " re-sends)");
+    return;
+  }
+  --st.retries_left;
+  ++st.out.retries;
+  ++st.epoch;
+  send_step(self);
+}
+
 // -- recovery ---------------------------------------------------------------------
 
 void resend_inflight(session_actor* self) {
@@ -254,7 +269,8 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         auto& st = self->state;
         if (st.done || st.recovering || m.id.epoch != st.epoch || m.id.pos0 != st.pos) return;  // stale
         if (!m.logits.ok() || m.logits.data.size() != static_cast<size_t>(st.spec.vocab_size)) {
-          finish(self, false, "corrupt logits for position " + std::to_string(m.id.pos0 + m.id.count - 1));
+          retry_step(self, "corrupt logits (checksum mismatch) for position " +
+                               std::to_string(m.id.pos0 + m.id.count - 1));
           return;
         }
         const double step_ms = ms_since(st.step_sent);
@@ -321,7 +337,12 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
       },
       [=](cluster_failed& f) { finish(self, false, f.message); },
       [=](shard_error& e) {
-        if (self->state.done || e.id.session != self->state.spec.id) return;
+        auto& st = self->state;
+        if (st.done || e.id.session != st.spec.id) return;
+        if (e.retry) {
+          if (e.id.epoch == st.epoch) retry_step(self, e.message);  // else: already re-sent
+          return;
+        }
         finish(self, false, e.message);
       },
       [=](timeout_atom, uint64_t seq) {
@@ -332,20 +353,16 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
           return;
         }
         if (seq != st.step_seq) return;  // a past step's deadline
+        // A lost message or a fault not (yet) detected: re-send the step in
+        // a new epoch; anything of the old one is dropped on arrival.
         const auto waited = deadline_of(st, st.inflight.size() > 1);
-        if (st.retries_left > 0 && !st.recovering) {
-          // A lost message or a fault not (yet) detected: re-send the step in
-          // a new epoch; anything of the old one is dropped on arrival.
-          --st.retries_left;
-          ++st.out.retries;
-          ++st.epoch;
-          send_step(self);
+        if (st.recovering) {
+          finish(self, false, "recovery of position " + std::to_string(st.pos) + " did not finish within " +
+                                  std::to_string(waited.count()) + " ms");
           return;
         }
-        finish(self, false,
-               "no logits for position " + std::to_string(st.pos) + " within " +
-                   std::to_string(waited.count()) + " ms (deadline of the step, after " +
-                   std::to_string(st.spec.max_retries) + " re-sends)");
+        retry_step(self, "no logits for position " + std::to_string(st.pos) + " within " +
+                             std::to_string(waited.count()) + " ms (deadline of the step)");
       },
       [=](cancel_atom) { finish(self, false, "cancelled", true); },
   };

@@ -57,6 +57,11 @@ struct shard_state {
   // key (session, epoch, pos0, layer, phase) -> per rank.
   std::map<std::tuple<uint64_t, uint32_t, int32_t, int32_t, int32_t>, std::vector<blob>> partials;
   std::vector<activation> slowed;  // steps held back by a `slow` fault
+  uint32_t drop_left = 0;          // outgoing messages still to drop (fault `drop`)
+  uint32_t corrupt_left = 0;       // outgoing payloads still to corrupt (fault `corrupt`)
+  caf::actor_clock::time_point partitioned_until{};  // fault `partition`
+  // Probe bursts being received, by (reply_to, from node): arrival times.
+  std::map<std::pair<caf::actor, int32_t>, std::vector<int64_t>> probes;
   int64_t compute_ns = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
@@ -67,8 +72,9 @@ using shard_actor = caf::stateful_actor<shard_state>;
 
 uint64_t payload_bytes(const blob& b) { return b.data.size() * sizeof(float); }
 
-void report(shard_actor* self, const caf::actor& to, const step_id& id, std::string msg) {
-  if (to) self->send(to, shard_error{id, self->state.init.node->index, std::move(msg)});
+void report(shard_actor* self, const caf::actor& to, const step_id& id, std::string msg,
+            bool retry = false) {
+  if (to) self->send(to, shard_error{id, self->state.init.node->index, std::move(msg), retry});
 }
 
 /// Counts a payload sent to `node` (self-sends on the same node are free).
@@ -77,6 +83,43 @@ void count_sent(shard_actor* self, int32_t node, uint64_t bytes) {
   if (node == st.init.node->index) return;
   st.bytes_sent += bytes;
   st.link_bytes[node] += bytes;
+}
+
+/// Flips one bit of a payload the way a bad link would, then checks it as a
+/// receiver does: the checksum fails and the blob arrives marked corrupt.
+void corrupt_payload(blob& b) {
+  auto bytes = b.encode();
+  if (bytes.size() > 13) bytes[13 + (bytes.size() - 13) / 2] ^= 0x04;
+  b = blob::decode(bytes);
+}
+
+blob* payload_of(activation& m) { return &m.x; }
+blob* payload_of(partial_sum& m) { return &m.data; }
+blob* payload_of(logits_msg& m) { return &m.logits; }
+blob* payload_of(kv_delta& m) { return &m.rows; }
+
+/// Sends a data message over this node's link to `node`: counted, subject to
+/// the link faults (drop, corrupt) and delivered after the shaper's delay.
+template <class T>
+void deliver(shard_actor* self, const caf::actor& to, int32_t node, T msg) {
+  auto& st = self->state;
+  const uint64_t bytes = payload_bytes(*payload_of(msg));
+  count_sent(self, node, bytes);
+  if (node == st.init.node->index) {  // same node: no link
+    self->send(to, std::move(msg));
+    return;
+  }
+  if (st.drop_left > 0) {
+    --st.drop_left;
+    return;
+  }
+  if (st.corrupt_left > 0) {
+    --st.corrupt_left;
+    corrupt_payload(*payload_of(msg));
+  }
+  const auto delay = st.init.node->shaper->schedule(node, bytes);
+  if (delay.count() > 0) self->delayed_send(to, delay, std::move(msg));
+  else self->send(to, std::move(msg));
 }
 
 void drop_partials(shard_actor* self, uint64_t session, uint32_t below_epoch) {
@@ -127,8 +170,7 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
 void send_activation(shard_actor* self, const activation& a) {
   auto& st = self->state;
   for (size_t i = 0; i < st.wires.next.size(); ++i) {
-    count_sent(self, st.wires.next_nodes[i], payload_bytes(a.x));
-    self->send(st.wires.next[i], a);
+    deliver(self, st.wires.next[i], st.wires.next_nodes[i], a);
   }
 }
 
@@ -162,8 +204,7 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
     d.begin = ss.ckpt_end;
     d.end = end;
     d.rows.data = ss.kv.rows(ss.ckpt_end, end);
-    count_sent(self, front_end_node, payload_bytes(d.rows));
-    self->send(ss.reply_to, std::move(d));
+    deliver(self, ss.reply_to, front_end_node, std::move(d));
     ss.ckpt_end = end;
   }
   if (st.init.rank != 0) return;
@@ -190,8 +231,7 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
     const int64_t ns = since_ns(t0);
     st.compute_ns += ns;
     m.compute_ns = ss.compute_ns + ns;
-    count_sent(self, front_end_node, payload_bytes(m.logits));
-    self->send(ss.reply_to, std::move(m));
+    deliver(self, ss.reply_to, front_end_node, std::move(m));
   }
 }
 
@@ -228,8 +268,7 @@ void advance(shard_actor* self, uint64_t session, session_state& ss) {
         partial_sum p{ss.id, ss.layer, ss.phase, st.init.rank, mine};
         for (int r = 0; r < T; ++r)
           if (r != st.init.rank) {
-            count_sent(self, st.wires.group_nodes[r], payload_bytes(mine));
-            self->send(st.wires.group[r], p);
+            deliver(self, st.wires.group[r], st.wires.group_nodes[r], p);
           }
       }
       parts[st.init.rank] = std::move(mine);
@@ -317,6 +356,16 @@ bool faults_allow(shard_actor* self, activation& a) {
                  fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
                               static_cast<int64_t>(f.step), now_ns});
   if (fx.crash || fx.silence) return false;  // the hooks quit or silenced the actor
+  st.drop_left += fx.drop;
+  st.corrupt_left += fx.corrupt;
+  if (fx.delay_count > 0) st.init.node->shaper->add_delay(fx.delay, fx.delay_count);
+  if (fx.partition) {
+    // Unreachable for a while: nothing in or out, heartbeats included.
+    const auto d = fx.partition_for ? caf::timespan(*fx.partition_for) : caf::timespan(std::chrono::hours(24 * 365));
+    st.partitioned_until = self->clock().now() + d;
+    if (st.init.heartbeat) self->send(st.init.heartbeat, supervision::hb_silence_atom::value, d);
+    return false;
+  }
   if (fx.slow.count() > 0) {
     st.slowed.push_back(std::move(a));
     self->delayed_send(self, fx.slow, resume_atom::value);
@@ -337,7 +386,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
     node->release(bytes);
   });
   // A silenced shard behaves like a frozen node: it handles nothing.
-  auto silent = [self] { return self->state.hooks && self->state.hooks->silenced(); };
+  auto silent = [self] {
+    auto& st = self->state;
+    return (st.hooks && st.hooks->silenced()) || self->clock().now() < st.partitioned_until;
+  };
   caf::message_handler own{
       [=](wire_atom, wiring w) { self->state.wires = std::move(w); },
       // Embedding holder: tokens -> x, broadcast to the stage's group.
@@ -363,8 +415,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
                       dim * sizeof(float));
         }
         for (size_t i = 0; i < st.wires.group.size(); ++i) {
-          count_sent(self, st.wires.group_nodes[i], payload_bytes(a.x));
-          self->send(st.wires.group[i], a);
+          deliver(self, st.wires.group[i], st.wires.group_nodes[i], a);
         }
       },
       [=](activation& a) {
@@ -372,8 +423,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         auto& st = self->state;
         if (self->current_sender() != self->ctrl()) st.bytes_received += payload_bytes(a.x);
         if (!a.x.ok()) {
-          report(self, a.reply_to, a.id, "corrupt activation payload received at placement index " +
-                                             std::to_string(st.init.index));
+          report(self, a.reply_to, a.id,
+                 "corrupt activation payload (checksum mismatch) received at placement index " +
+                     std::to_string(st.init.index),
+                 true);
           return;
         }
         if (!faults_allow(self, a)) return;
@@ -394,7 +447,9 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         if (it != st.sessions.end() && p.id.epoch < it->second.epoch) return;  // stale
         if (!p.data.ok()) {
           report(self, it != st.sessions.end() ? it->second.reply_to : caf::actor{}, p.id,
-                 "corrupt partial sum from rank " + std::to_string(p.rank));
+                 "corrupt partial sum (checksum mismatch) from rank " + std::to_string(p.rank) +
+                     " at placement index " + std::to_string(st.init.index),
+                 true);
           return;
         }
         if (p.rank < 0 || p.rank >= st.init.group_size) return;
@@ -468,6 +523,47 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           if (e->first + static_cast<int32_t>(e->second.size() / dim) <= below) e = sent.erase(e);
           else ++e;
         }
+      },
+      // Measure the link to `dest` (on node `dest_node`): a tiny message, then
+      // n messages of `bytes` back to back, through this node's shaper.
+      [=](probe_atom, caf::actor dest, int32_t dest_node, int32_t n, int32_t bytes, caf::actor reply_to) {
+        auto& st = self->state;
+        // Seqs 0..tiny-1 are tiny (the smallest transit is the latency), the
+        // rest carry `bytes` each (their inter-arrival times give the bandwidth).
+        constexpr int32_t tiny = 5;
+        for (int32_t seq = 0; seq < n + tiny; ++seq) {
+          probe_msg m;
+          m.seq = seq;
+          m.n = n + tiny - 1;
+          m.from_node = st.init.node->index;
+          m.payload.data.resize(seq < tiny ? 4 : static_cast<size_t>(bytes) / sizeof(float));
+          m.reply_to = reply_to;
+          m.sent_ns = clock_type::now().time_since_epoch().count();
+          const auto delay = st.init.node->shaper->schedule(dest_node, payload_bytes(m.payload));
+          if (delay.count() > 0) self->delayed_send(dest, delay, std::move(m));
+          else self->send(dest, std::move(m));
+        }
+      },
+      [=](probe_msg& m) {
+        auto& st = self->state;
+        constexpr int32_t tiny = 5;
+        const int64_t now = clock_type::now().time_since_epoch().count();
+        // arr[0] = smallest transit of the tiny messages; then arrival times.
+        auto& arr = st.probes[{m.reply_to, m.from_node}];
+        if (m.seq == 0) arr.assign(1, now - m.sent_ns);
+        else if (m.seq < tiny && !arr.empty()) arr[0] = std::min(arr[0], now - m.sent_ns);
+        else if (m.seq >= tiny) arr.push_back(now);
+        if (m.seq < m.n) return;
+        probe_result r;
+        r.from = m.from_node;
+        r.to = st.init.node->index;
+        r.latency_us = arr.empty() ? 0 : arr[0] / 1000.0;
+        const uint64_t msg_bytes = payload_bytes(m.payload);
+        if (arr.size() >= 3 && arr.back() > arr[1])  // k - 1 gaps between k arrivals
+          r.bandwidth_bps = 8.0 * msg_bytes * (arr.size() - 2) / ((arr.back() - arr[1]) / 1e9);
+        r.bytes = msg_bytes * static_cast<uint64_t>(m.n - tiny + 1);
+        st.probes.erase({m.reply_to, m.from_node});
+        self->send(m.reply_to, r);
       },
       [=](close_atom, uint64_t session) { drop_session(self, session); },
       [=](stats_atom) {

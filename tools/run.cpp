@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 
@@ -42,6 +44,9 @@ struct run_opts {
   std::vector<std::string> fault_specs;
   std::string faults_file;
   int checkpoint_every = 16;
+  // Weak nodes (issue #8).
+  std::string link;
+  int batch = 1;
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
   std::string cluster, tls_cert, tls_key, tls_ca;
 };
@@ -133,6 +138,8 @@ int do_run(const run_opts& o) {
       co.host = *h;
     }
     co.checkpoint_every = o.checkpoint_every;
+    co.link = o.link;
+    co.sessions = std::max(1, o.batch);
     for (const auto& spec : o.fault_specs) {
       auto f = supervision::parse_fault_spec(spec);
       if (!f) throw cli_error("--fault: " + f.message(), 2);
@@ -146,8 +153,45 @@ int do_run(const run_opts& o) {
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
     if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
+    // The limits in effect, measured before the run (a limit not in effect
+    // is the commonest mistake in such experiments).
+    std::map<std::pair<int, int>, actors::cluster::link_measurement> measured;
+    {
+      auto ml = (*c)->measure_links();
+      if (!ml) throw cli_error(ml.message());
+      for (const auto& m : *ml) {
+        measured[{m.from, m.to}] = m;
+        const double bw_err = m.target_bps > 0 ? std::abs(m.measured_bps / m.target_bps - 1) : 0;
+        const double lat_err =
+            m.target_latency_us > 0 ? std::abs(m.measured_latency_us / m.target_latency_us - 1) : 0;
+        if (bw_err > 0.1 || lat_err > 0.1)
+          std::fprintf(stderr,
+                       "warning: link %d -> %d measured %.1f Mbit/s and %.0f us, target %.1f Mbit/s and %.0f us "
+                       "(off by more than 10%%)\n",
+                       m.from, m.to, m.measured_bps / 1e6, m.measured_latency_us, m.target_bps / 1e6,
+                       m.target_latency_us);
+      }
+    }
+    // --batch B: B identical requests at once; the first one's text is printed.
+    const auto wall0 = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<std::promise<actors::session_outcome>>> extra;
+    for (int b = 1; b < std::max(1, o.batch); ++b) {
+      auto p = std::make_shared<std::promise<actors::session_outcome>>();
+      extra.push_back(p);
+      (*c)->submit(gp, {}, [p](uint64_t, const actors::session_outcome& so) { p->set_value(so); });
+    }
     auto out = (*c)->generate(gp, [&](uint64_t, int, const std::string& piece) { print_piece(piece); });
     if (!out) throw cli_error(out.message());
+    int batch_tokens = out->ok ? static_cast<int>(out->result.ids.size()) - 1 : 0;
+    for (auto& p : extra) {
+      auto f = p->get_future();
+      if (f.wait_for(std::chrono::minutes(10)) != std::future_status::ready)
+        throw cli_error("a batched request did not finish within 10 minutes");
+      auto so = f.get();
+      if (!so.ok) throw cli_error("batched request: " + so.error);
+      batch_tokens += static_cast<int>(so.result.ids.size()) - 1;
+    }
+    const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     if (!out->ok) {
       // The tokens so far are printed already; finish the line, then the error.
       if (!o.quiet) std::fputs("\n", stdout);
@@ -155,6 +199,7 @@ int do_run(const run_opts& o) {
       throw cli_error(out->error);
     }
     res = out->result;
+    if (o.batch > 1 && wall_s > 0) res->tokens_per_s = batch_tokens / wall_s;  // aggregate
     comm_share = out->result.duration_ms > 0
                      ? std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms)
                      : 0.0;
@@ -193,12 +238,18 @@ int do_run(const run_opts& o) {
       n["bytes_received"] = n["bytes_received"].get<uint64_t>() + s.bytes_received;
       const int tokens = std::max<int>(1, static_cast<int>(out->result.ids.size()) - 1);
       for (size_t i = 0; i < s.link_to.size(); ++i)
+      {
+        auto mit = measured.find({s.node, s.link_to[i]});
+        const bool have = mit != measured.end();
         links_json.push_back({{"from", s.node},
                               {"to", s.link_to[i] < 0 ? nlohmann::json("front end") : nlohmann::json(s.link_to[i])},
-                              {"bandwidth_bps", nullptr},
-                              {"latency_us", nullptr},
+                              {"bandwidth_bps", have ? nlohmann::json(mit->second.measured_bps) : nlohmann::json(nullptr)},
+                              {"latency_us", have ? nlohmann::json(mit->second.measured_latency_us) : nlohmann::json(nullptr)},
+                              {"target_bandwidth_bps", have ? nlohmann::json(mit->second.target_bps) : nlohmann::json(nullptr)},
+                              {"target_latency_us", have ? nlohmann::json(mit->second.target_latency_us) : nlohmann::json(nullptr)},
                               {"bytes", s.link_bytes[i]},
                               {"bytes_per_token", static_cast<double>(s.link_bytes[i]) / tokens}});
+      }
     }
     for (const auto& sp : plan.spares)
       by_node[sp.node] = {{"index", sp.node}, {"role", "spare"}, {"memory_bytes", mem[sp.node]},
@@ -297,7 +348,10 @@ void add_run(CLI::App& app, int& status) {
                       "KIND:node=N:step=S[:ms=D][:n=K] (repeatable; N = placement index)")->group(g),
       cmd->add_option("--faults", o->faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
       cmd->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints")
-          ->group(g)};
+          ->group(g),
+      cmd->add_option("--link", o->link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
+          ->group(g),
+      cmd->add_option("--batch", o->batch, "concurrent identical requests; tokens/s is their aggregate")->group(g)};
   auto* d = "Nodes (daemons)";
   auto* cluster_opt = cmd->add_option("--cluster", o->cluster,
                                       "node daemons: JSON {\"nodes\": [{\"host\", \"port\", \"profile\", "
