@@ -282,6 +282,16 @@ int do_run(const run_opts& o) {
     }
   }
 
+  if (o.use_cluster) {  // a short human summary of the four metrics
+    std::string mem;
+    for (const auto& n : nodes_json)
+      mem += (mem.empty() ? "" : ", ") + std::to_string(n["index"].get<int>()) + ": " +
+             std::to_string(n["memory_bytes"].get<uint64_t>() / 1024) + " KiB";
+    std::fprintf(stderr, "summary: ttft %.2f ms, tpot p50 %.3f ms p99 %.3f ms, %.1f tok/s%s, comm share %.2f; "
+                         "memory per node {%s}; %zu fault(s)\n",
+                 res->ttft_ms, percentile(res->step_ms, 0.5), percentile(res->step_ms, 0.99), res->tokens_per_s,
+                 o.batch > 1 ? " (aggregate of the batch)" : "", comm_share, mem.c_str(), faults_json.size());
+  }
   if (!o.json_out.empty()) {
     nlohmann::json j;
     j["model"] = lm.description;
