@@ -6,6 +6,7 @@ void add_commands(CLI::App& app, int& status) {
   add_synth(app, status);
   add_bench(app, status);
   add_chaos(app, status);
+  add_sweep(app, status);
   add_node(app, status);
 }
 }  // namespace cellshard::tools

@@ -10,5 +10,6 @@ void add_run(CLI::App& app, int& status);
 void add_synth(CLI::App& app, int& status);
 void add_bench(CLI::App& app, int& status);
 void add_chaos(CLI::App& app, int& status);
+void add_sweep(CLI::App& app, int& status);
 void add_node(CLI::App& app, int& status);
 }  // namespace cellshard::tools

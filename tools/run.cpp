@@ -47,6 +47,7 @@ struct run_opts {
   // Weak nodes (issue #8).
   std::string link;
   int batch = 1;
+  bool demo = false;  // `run` without -m and without nodes: the demo
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
   std::string cluster, tls_cert, tls_key, tls_ca;
 };
@@ -59,7 +60,74 @@ double percentile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (idx - lo);
 }
 
+/// `cellshard run` without -m: the demo a newcomer sees first. 8 in-process
+/// nodes with the ps3 profile in a pipeline (stories260K: 5 stages + 3
+/// spares), a crash and a freeze injected mid-generation, compared with a
+/// fault-free run of the same placement and seed.
+int do_demo(const run_opts& o) {
+  loaded_model lm = load_model("", o.tokenizer);
+  std::fprintf(stderr, "model: %s\n", lm.description.c_str());
+  model::generation_params gp;
+  gp.prompt = o.prompt;
+  gp.steps = o.steps;
+  gp.sampling = {o.temperature, o.topp, o.seed};
+  gp = model::normalise(gp, lm.file->cfg().seq_len);
+  actors::cluster_options co;
+  co.file = lm.file;
+  co.tok = lm.tok;
+  co.nodes = 8;
+  co.profile = "ps3";
+  co.topology = "pipeline";
+  co.kernels = o.kernels;
+  co.caf_threads = o.caf_threads;
+  kernels::set_spe_workers(6);
+  // Early enough that a sampled BOS rarely ends the run first (the synthetic
+  // model's BOS comes up about once in 500 tokens), late enough to be mid-run.
+  const int crash_at = std::max(2, std::min(10, gp.steps / 4)), freeze_at = std::max(3, std::min(20, gp.steps / 2));
+  std::vector<int> reference;
+  {
+    auto c = actors::cluster::start(co);
+    if (!c) throw cli_error(c.message());
+    auto r = (*c)->generate(gp);
+    if (!r || !r->ok) throw cli_error("fault-free run failed: " + (r ? r->error : r.message()));
+    reference = r->result.ids;
+  }
+  co.faults = {supervision::parse_fault_spec("crash:node=1:step=" + std::to_string(crash_at)).value(),
+               supervision::parse_fault_spec("silence:node=3:step=" + std::to_string(freeze_at)).value()};
+  auto c = actors::cluster::start(co);
+  if (!c) throw cli_error(c.message());
+  const auto& plan = (*c)->placement();
+  auto out = (*c)->generate(gp, [&](uint64_t, int, const std::string& piece) {
+    if (o.quiet) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  if (!out) throw cli_error(out.message());
+  if (!o.quiet) std::fputs("\n", stdout);
+  if (!out->ok) throw cli_error(out->error);
+  const auto& r = out->result;
+  std::printf("\n--- demo: %zu ps3 nodes (256 MiB, 1 Gbit/s, 100 us), pipeline of %zu stages + %zu spares\n",
+              plan.shards.size() + plan.spares.size(), plan.stages.size(), plan.spares.size());
+  const auto faults = (*c)->faults();
+  for (const auto& f : faults)
+    std::printf("%s of placement index %d (node %d) at position %lld: detected in %.2f ms, recovered in %.2f ms, "
+                "%d position(s) replayed, running on node %d\n",
+                f.kind == "silence" ? "freeze" : f.kind.c_str(), f.index, f.node, static_cast<long long>(f.step),
+                f.detect_ms, f.recover_ms, f.replayed_positions, f.moved_to_node);
+  if (faults.size() < 2)
+    std::printf("(generation ended at position %zu, before every planned fault fired)\n", r.ids.size() - 1);
+  std::printf("TTFT %.2f ms, TPOT p50 %.3f ms p99 %.3f ms, %.1f tokens/s, communication share %.2f\n", r.ttft_ms,
+              percentile(r.step_ms, 0.5), percentile(r.step_ms, 0.99), r.tokens_per_s,
+              r.duration_ms > 0 ? std::max(0.0, 1.0 - out->compute_ms / r.duration_ms) : 0.0);
+  const bool same = r.ids == reference;
+  std::printf("identical to fault-free run: %s\n", same ? "yes" : "no");
+  std::fflush(stdout);
+  if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(r.ids));
+  return same ? 0 : 3;
+}
+
 int do_run(const run_opts& o) {
+  if (o.demo) return do_demo(o);
   const kernels::backend* be = kernels::find_backend(o.kernels);
   if (!be) {
     std::string names;
@@ -372,6 +440,7 @@ void add_run(CLI::App& app, int& status) {
   cmd->callback([o, cmd, cluster_flags, cluster_opt, &status] {
     for (auto* f : cluster_flags)
       if (f->count() > 0) o->use_cluster = true;
+    if (o->model.empty() && !o->use_cluster && cluster_opt->count() == 0) o->demo = true;
     if (cluster_opt->count() > 0) {
       if (cmd->count("--nodes") + cmd->count("--spares") > 0)
         throw cli_error("--cluster: the nodes are the file's; drop --nodes/--spares", 2);

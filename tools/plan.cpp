@@ -1,0 +1,557 @@
+// `cellshard plan`: the inference bottleneck checklist (topologies/planner.hpp),
+// its calibration on a measured sweep (plan_calibrate.hpp), the at-scale
+// simulation (plan_sim.hpp) and the generated report of issue #10
+// (--report, e.g. docs/kimi-k3-on-100k-ps3.md). CLI.md is the contract.
+#include "topologies/plan_calibrate.hpp"
+#include "topologies/plan_sim.hpp"
+#include "topologies/planner.hpp"
+#include "tools/commands.hpp"
+#include "tools/common.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace cellshard::tools {
+
+namespace {
+
+using namespace cellshard::topologies;
+
+struct plan_opts {
+  std::string model, hardware = "ps3", topology, calibrate, json, report, baseline = "h200-8x";
+  std::string memory, link, weights = "native", wire;
+  std::string calibrate_hardware = "host";
+  int nodes = 0, batch = 1, context = 4096, calibrate_context = 64;
+  // Assumption overrides (< 0: keep the default).
+  double electricity = -1, amortisation = -1, price = -1, failures = -1, detect_ms = -1, recover_ms = -1;
+  double efficiency = -1, link_efficiency = -1;
+  int request_tokens = -1, checkpoint_every = -1;
+  bool no_reload = false, sample_last = false;
+  // Simulation.
+  bool simulate = false;
+  double sim_hours = 1, sim_rate = 0, sim_failure_scale = 1;
+  uint64_t seed = 1;
+};
+
+bool is_file(const std::string& s) {
+  std::ifstream f(s);
+  return f.good() && s.find(".json") != std::string::npos;
+}
+
+// Single-thread read bandwidth of this machine: the best of 5 sums over
+// 128 MiB (a "host" preset is measured on the spot, issue #10).
+double measure_host_gbs() {
+  const size_t n = (128u << 20) / sizeof(float);
+  std::vector<float> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023) * 1e-3f;
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (size_t i = 0; i + 4 <= n; i += 4) {
+      a0 += buf[i];
+      a1 += buf[i + 1];
+      a2 += buf[i + 2];
+      a3 += buf[i + 3];
+    }
+    sink = sink + a0 + a1 + a2 + a3;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
+  }
+  return best;
+}
+
+hardware_spec load_hardware(const std::string& what, bool measure_host) {
+  result<hardware_spec> h = is_file(what) ? hardware_from_json(read_text(what), what) : find_hardware_preset(what);
+  if (!h) throw cli_error("--hardware: " + h.message(), 2);
+  if (h->node.name == "host" && measure_host) {
+    if (h->node.mem_bandwidth_gbs <= 0) h->node.mem_bandwidth_gbs = measure_host_gbs();
+    if (h->parallel_nodes <= 0) h->parallel_nodes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    h->source += "; measured " + std::to_string(h->node.mem_bandwidth_gbs) + " GB/s single-thread read";
+  }
+  return *h;
+}
+
+model_spec load_model(const plan_opts& o) {
+  result<model_spec> m = is_file(o.model) ? spec_from_hf_json(read_text(o.model), o.model) : find_model_preset(o.model);
+  if (!m) throw cli_error("--model: " + m.message(), 2);
+  auto w = with_weight_format(*m, o.weights);
+  if (!w) throw cli_error(w.message(), 2);
+  model_spec spec = *w;
+  if (!o.wire.empty()) {
+    if (o.wire == "f32") spec.act_bytes = 4;
+    else if (o.wire == "bf16" || o.wire == "f16") spec.act_bytes = 2;
+    else if (o.wire == "fp8") spec.act_bytes = 1;
+    else throw cli_error("--wire '" + o.wire + "': expected f32, bf16 or fp8", 2);
+  }
+  return spec;
+}
+
+plan_request build_request(const plan_opts& o) {
+  plan_request r;
+  r.model = load_model(o);
+  r.hw = load_hardware(o.hardware, true);
+  if (!o.memory.empty()) {
+    auto m = parse_memory(o.memory);
+    if (!m) throw cli_error(m.message(), 2);
+    r.hw.node.memory_bytes = *m;
+  }
+  if (!o.link.empty()) {
+    auto l = parse_link(o.link);
+    if (!l) throw cli_error(l.message(), 2);
+    r.hw.node.link = *l;
+  }
+  if (o.price >= 0) r.hw.price_usd = o.price;
+  if (o.failures >= 0) r.hw.failures_per_year = o.failures;
+  r.nodes = o.nodes;
+  const std::string topo = o.topology.empty() ? (r.model.is_moe() ? "expert" : "pipeline") : o.topology;
+  auto t = parse_plan_topology(topo);
+  if (!t) throw cli_error(t.message(), 2);
+  r.topology = *t;
+  r.batch = o.batch;
+  r.context = o.context;
+  plan_assumptions& a = r.assume;
+  if (o.electricity >= 0) a.electricity_usd_per_kwh = o.electricity;
+  if (o.amortisation >= 0) a.amortisation_years = o.amortisation;
+  if (o.detect_ms >= 0) a.detect_s = o.detect_ms / 1000;
+  if (o.recover_ms >= 0) a.recover_s = o.recover_ms / 1000;
+  if (o.efficiency > 0) a.compute_efficiency = o.efficiency;
+  if (o.link_efficiency > 0) a.link_efficiency = o.link_efficiency;
+  if (o.request_tokens > 0) a.request_tokens = o.request_tokens;
+  if (o.checkpoint_every > 0) a.checkpoint_every = o.checkpoint_every;
+  a.reload_over_link = !o.no_reload;
+  a.logits_to_session = !o.sample_last;
+  return r;
+}
+
+std::string f(const char* fmt, double v) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+std::string money(double v) {
+  if (!std::isfinite(v)) return "-";
+  if (v >= 1e6) return "$" + f("%.3g", v / 1e6) + "M";
+  if (v >= 1e3) return "$" + f("%.3g", v / 1e3) + "k";
+  if (v >= 1) return "$" + f("%.3g", v);
+  return "$" + f("%.2g", v);
+}
+
+std::string rate(double v) {
+  if (!std::isfinite(v)) return "unbounded";
+  return v >= 100 ? f("%.0f", v) : v >= 1 ? f("%.2f", v) : f("%.3g", v);
+}
+
+nlohmann::json sim_json(const sim_result& s, double wall_s) {
+  return {{"nodes", s.nodes},
+          {"used_nodes", s.used_nodes},
+          {"stations", s.stations},
+          {"simulated_s", s.simulated_s},
+          {"wall_s", wall_s},
+          {"events", s.events},
+          {"stopped_early", s.stopped_early},
+          {"tokens", s.tokens},
+          {"requests_done", s.requests_done},
+          {"tokens_per_s", s.tokens_per_s},
+          {"goodput_tokens_per_s", s.tokens_per_s},
+          {"token_latency_p50_s", s.token_latency_p50_s},
+          {"token_latency_p90_s", s.token_latency_p90_s},
+          {"token_latency_p99_s", s.token_latency_p99_s},
+          {"token_latency_max_s", s.token_latency_max_s},
+          {"request_latency_p50_s", s.request_latency_p50_s},
+          {"request_latency_p99_s", s.request_latency_p99_s},
+          {"failures", s.failures},
+          {"downtime_s", s.downtime_s},
+          {"request_failure_fraction", s.request_failure_fraction},
+          {"spares_left", s.spares_left}};
+}
+
+std::string command_line(const plan_opts& o) {
+  std::string c = "cellshard plan --model " + o.model + " --hardware " + o.hardware + " --nodes " +
+                  std::to_string(o.nodes);
+  if (!o.topology.empty()) c += " --topology " + o.topology;
+  if (o.batch != 1) c += " --batch " + std::to_string(o.batch);
+  if (o.context != 4096) c += " --context " + std::to_string(o.context);
+  if (!o.memory.empty()) c += " --memory " + o.memory;
+  if (!o.link.empty()) c += " --link " + o.link;
+  if (o.weights != "native") c += " --weights " + o.weights;
+  if (!o.wire.empty()) c += " --wire " + o.wire;
+  if (!o.calibrate.empty()) c += " --calibrate " + o.calibrate;
+  if (o.simulate) c += " --simulate" + (o.sim_hours != 1 ? " --sim-hours " + f("%g", o.sim_hours) : std::string());
+  if (!o.report.empty()) c += " --report " + o.report;
+  return c;
+}
+
+// One row of a table: the plan of `r`, or why there is none.
+struct row_result {
+  bool ok = false;
+  plan_result p;
+  std::string why;
+};
+row_result try_plan(const plan_request& r) {
+  row_result out;
+  auto p = plan(r);
+  if (!p) {
+    out.why = p.message();
+    return out;
+  }
+  out.ok = true;
+  out.p = *p;
+  return out;
+}
+
+std::string report_text(const plan_opts& o, const plan_result& p, const plan_result* base,
+                        const calibration* cal, const sim_result* sim, double sim_wall) {
+  const plan_request& r = p.request;
+  std::ostringstream md;
+  const double mw = p.power_w / 1e6;
+  md << "# " << r.model.name << " on " << r.nodes << " x " << r.hw.node.name << "\n\n"
+     << "Generated by one command (rerun it to regenerate this page; the numbers below are the tool's):\n\n"
+     << "    " << command_line(o) << "\n\n"
+     << "The planner and its formulas: [planner.md](planner.md). Facts and their sources: "
+     << "../shared/docs/HARDWARE.md. Topology " << to_string(p.layout.topology) << ", batch " << r.batch
+     << ", context " << r.context << ".\n\n";
+
+  md << "## The answer\n\n| question | answer |\n|---|---|\n";
+  md << "| does it fit? | " << (p.memory_fit ? "yes" : "**no**") << ": busiest node "
+     << f("%.1f", p.memory_per_node_bytes / 1048576.0) << " MiB of " << f("%.0f", p.memory_budget_bytes / 1048576.0)
+     << " MiB (" << p.memory_busiest << "); weights " << f("%.3g", p.model_bytes / 1e12) << " TB in "
+     << f("%.3g", p.cluster_memory_bytes / 1e12) << " TB of cluster memory |\n";
+  md << "| bandwidth bound | " << rate(p.bandwidth_bound_tokens_per_s)
+     << " tokens/s per node (busiest node reads " << f("%.3g", p.read_bytes_per_token / 1e6)
+     << " MB per token); one sequence through the whole chain: " << rate(p.bandwidth_bound_sequence_tokens_per_s)
+     << " tokens/s |\n";
+  md << "| time per token | " << human_seconds(p.chain_s) << " for one sequence (" << p.hops << " hops: "
+     << human_seconds(p.chain_latency_s) << " latency + " << human_seconds(p.chain_transfer_s) << " transfer + "
+     << human_seconds(p.chain_compute_s) << " compute + " << human_seconds(p.chain_overhead_s) << " overhead) |\n";
+  md << "| throughput | " << rate(p.tokens_per_s) << " tokens/s at batch " << r.batch << " ("
+     << human_seconds(p.per_token_latency_s) << " between a sequence's tokens), limited by the "
+     << p.throughput_limit << " |\n";
+  md << "| links | busiest link carries " << f("%.3g", p.link_bytes_per_token / 1e3) << " kB per token ("
+     << p.link_busiest << "): at most " << rate(p.link_bound_tokens_per_s) << " tokens/s |\n";
+  md << "| failures | " << f("%.3g", p.failures_per_hour) << " per hour over " << p.layout.used_nodes
+     << " used nodes; a request of " << r.assume.request_tokens << " tokens (" << human_seconds(p.request_seconds)
+     << ") meets one with p = " << f("%.3g", p.request_failure_probability) << "; goodput "
+     << rate(p.goodput_tokens_per_s) << " tokens/s |\n";
+  md << "| power | " << f("%.3g", mw) << " MW (" << r.nodes << " x " << f("%.0f", r.hw.node.power_w) << " W) |\n";
+  md << "| energy per token | " << human_si(p.energy_per_token_j, "J") << " |\n";
+  md << "| cost | " << money(p.cost_per_million_tokens_usd) << " per million tokens ("
+     << money(p.cost_per_million_tokens_usd / 1e6) << " per token; " << money(p.usd_per_hour)
+     << "/h: electricity at $" << f("%.3g", r.assume.electricity_usd_per_kwh) << "/kWh + "
+     << money(p.hardware_usd) << " of hardware over " << f("%g", r.assume.amortisation_years) << " years) |\n";
+  if (base) {
+    md << "| the same on " << base->request.nodes << " x " << base->request.hw.node.name << " | "
+       << (base->memory_fit ? "fits" : "does not fit") << "; " << human_seconds(base->chain_s) << " per token, "
+       << rate(base->tokens_per_s) << " tokens/s at batch " << base->request.batch << ", "
+       << f("%.3g", base->power_w / 1e3) << " kW, " << money(base->cost_per_million_tokens_usd)
+       << " per million tokens: the PS3s cost " << f("%.3g", p.cost_per_million_tokens_usd / base->cost_per_million_tokens_usd)
+       << " x as much per token and draw " << f("%.3g", p.power_w / base->power_w) << " x the power |\n";
+  }
+  md << "\n## The six checks\n\n```\n" << to_text(p, base) << "```\n\n";
+
+  // The curve against node count.
+  md << "## Latency and cost against node count\n\n"
+     << "Same model, node type, topology, batch and context; the layout is re-planned at every size.\n\n"
+     << "| nodes | fits | memory/node MiB | time per token (1 seq) | tokens/s at batch " << r.batch
+     << " | power | $ per million tokens |\n|---|---|---|---|---|---|---|\n";
+  std::vector<int> sizes{8, 64, 512, 2048, 4096, 6000, 8192, 12000, 16384, 32768, 65536, 100000};
+  if (std::find(sizes.begin(), sizes.end(), r.nodes) == sizes.end()) sizes.push_back(r.nodes);
+  std::sort(sizes.begin(), sizes.end());
+  for (int n : sizes) {
+    plan_request q = r;
+    q.nodes = n;
+    const row_result x = try_plan(q);
+    if (!x.ok) {
+      md << "| " << n << " | no | - | - | - | - | - (" << x.why << ") |\n";
+      continue;
+    }
+    md << "| " << n << " | " << (x.p.memory_fit ? "yes" : "no") << " | "
+       << f("%.0f", x.p.memory_per_node_bytes / 1048576.0) << " | " << human_seconds(x.p.chain_s) << " | "
+       << rate(x.p.tokens_per_s) << " | " << human_si(x.p.power_w, "W") << " | "
+       << (x.p.memory_fit ? money(x.p.cost_per_million_tokens_usd) : "-") << " |\n";
+  }
+  md << "\nBelow the size where the weights fit, no layout holds the model (the rows say by how much the busiest "
+        "node overflows). Above it, more nodes do not make one sequence faster: the chain is as long as the "
+        "model is deep; extra nodes become spares.\n\n";
+
+  // Batch.
+  md << "## Batching at " << r.nodes << " nodes\n\n| batch | fits | time between a sequence's tokens | tokens/s | "
+        "limited by | $ per million tokens |\n|---|---|---|---|---|---|\n";
+  for (int b : {1, 16, 64, 128, 256, 512}) {
+    plan_request q = r;
+    q.batch = b;
+    const row_result x = try_plan(q);
+    if (!x.ok) {
+      md << "| " << b << " | - | - | - | " << x.why << " | - |\n";
+      continue;
+    }
+    md << "| " << b << " | " << (x.p.memory_fit ? "yes" : "no") << " | " << human_seconds(x.p.per_token_latency_s)
+       << " | " << rate(x.p.tokens_per_s) << " | " << x.p.throughput_limit << " | "
+       << (x.p.memory_fit ? money(x.p.cost_per_million_tokens_usd) : "-") << " |\n";
+  }
+  md << "\nKV cache and KDA state grow with the batch, so larger batches need wider TP groups; a station "
+        "processes its micro-batch with one read of its weights.\n\n";
+
+  if (base) {
+    md << "## The same model on GPU servers\n\n```\n" << to_text(*base) << "```\n\n";
+  }
+
+  if (sim) {
+    md << "## At scale: the discrete-event simulation\n\n"
+       << "`--simulate`: " << sim->nodes << " nodes (" << sim->used_nodes << " used), " << sim->stations
+       << " stations, " << f("%.3g", sim->simulated_s / 3600) << " simulated hours, " << sim->events << " events, "
+       << f("%.2f", sim_wall) << " s of wall time on this machine"
+       << (sim->stopped_early ? " (stopped at the event bound)" : "") << ".\n\n"
+       << "| measure | simulated | closed form |\n|---|---|---|\n"
+       << "| tokens/s (goodput) | " << rate(sim->tokens_per_s) << " | " << rate(p.goodput_tokens_per_s) << " |\n"
+       << "| time between tokens p50 / p90 / p99 / max | " << human_seconds(sim->token_latency_p50_s) << " / "
+       << human_seconds(sim->token_latency_p90_s) << " / " << human_seconds(sim->token_latency_p99_s) << " / "
+       << human_seconds(sim->token_latency_max_s) << " | " << human_seconds(p.per_token_latency_s) << " |\n"
+       << "| request latency p50 / p99 | " << human_seconds(sim->request_latency_p50_s) << " / "
+       << human_seconds(sim->request_latency_p99_s) << " | " << human_seconds(p.request_seconds) << " |\n"
+       << "| failures | " << sim->failures << " | " << f("%.3g", p.failures_per_hour * sim->simulated_s / 3600)
+       << " expected |\n"
+       << "| requests that met a failure | " << f("%.3g", sim->request_failure_fraction) << " of "
+       << sim->requests_done << " | p = " << f("%.3g", p.request_failure_probability) << " |\n\n";
+  }
+
+  if (cal) {
+    md << "## Calibration\n\n`--calibrate " << o.calibrate << "` fitted " << cal->free.size()
+       << " constants (compute efficiency " << f("%.3g", cal->fitted.compute_efficiency) << ", "
+       << f("%.3g", cal->fitted.message_overhead_s * 1e6) << " us per message, "
+       << f("%.3g", cal->fitted.sync_overhead_s * 1e6) << " us per all-reduce, "
+       << f("%.3g", cal->fitted.byte_overhead_s * 1e9) << " ns per byte) to " << cal->points.size()
+       << " measured points; the plan above uses them.\n\n"
+       << "| model | topology | nodes | batch | measured TPOT ms | predicted ms | error |\n|---|---|---|---|---|---|---|\n";
+    for (const auto& pt : cal->points) {
+      md << "| " << pt.model << " | " << pt.topology << " | " << pt.nodes << " | " << pt.batch << " | "
+         << f("%.4g", pt.measured_tpot_ms) << " | " << f("%.4g", pt.predicted_tpot_ms) << " | "
+         << f("%+.1f%%", pt.error * 100) << " |\n";
+    }
+    md << "\nLargest error " << f("%.1f%%", cal->max_abs_error * 100) << ", rms " << f("%.1f%%", cal->rms_error * 100)
+       << ".\n\n";
+  }
+
+  // Sensitivity: one assumption at a time.
+  md << "## Which assumptions dominate\n\nEach row changes one assumption of the plan above and re-plans "
+        "(layout included).\n\n| change | fits | time per token (1 seq) | tokens/s at batch "
+     << r.batch << " | $ per million tokens | x cost |\n|---|---|---|---|---|---|\n";
+  struct variant {
+    std::string name;
+    std::function<void(plan_request&)> apply;
+  };
+  std::vector<variant> vs{
+      {"none (the plan above)", [](plan_request&) {}},
+      {"200 MiB per node (Linux keeps 56 MiB)", [](plan_request& q) { q.hw.node.memory_bytes = 200ull << 20; }},
+      {"activations sent as bf16", [](plan_request& q) { q.model.act_bytes = 2; }},
+      {"sample on the last stage (no logits to the session)",
+       [](plan_request& q) { q.assume.logits_to_session = false; }},
+      {"1 ms per hop instead of 100 us", [](plan_request& q) { q.hw.node.link.latency_us = 1000; }},
+      {"10 Gbit/s links", [](plan_request& q) { q.hw.node.link.bandwidth_bps = 10000000000ull; }},
+      {"half the compute efficiency", [](plan_request& q) { q.assume.compute_efficiency *= 0.5; }},
+      {"0.55 failures per node-year (Google machines, Jeff Dean)",
+       [](plan_request& q) { q.hw.failures_per_year = 0.55; }},
+      {"10 s to detect a failure", [](plan_request& q) { q.assume.detect_s = 10; }},
+      {"PS3 Slim power (96 W)", [](plan_request& q) {
+         q.hw.node.power_w = 96;
+         q.hw.idle_power_w = 75;
+       }},
+      {"electricity at $0.30/kWh", [](plan_request& q) { q.assume.electricity_usd_per_kwh = 0.30; }},
+      {"context 32,768", [](plan_request& q) { q.context = 32768; }},
+  };
+  struct scored {
+    std::string name;
+    double ratio;
+  };
+  std::vector<scored> impact;
+  for (const auto& v : vs) {
+    plan_request q = r;
+    v.apply(q);
+    const row_result x = try_plan(q);
+    if (!x.ok) {
+      md << "| " << v.name << " | - | - | - | - (" << x.why << ") | - |\n";
+      continue;
+    }
+    const double ratio = x.p.memory_fit ? x.p.cost_per_million_tokens_usd / p.cost_per_million_tokens_usd : NAN;
+    md << "| " << v.name << " | " << (x.p.memory_fit ? "yes" : "no") << " | " << human_seconds(x.p.chain_s) << " | "
+       << rate(x.p.tokens_per_s) << " | " << (x.p.memory_fit ? money(x.p.cost_per_million_tokens_usd) : "-")
+       << " | " << (std::isfinite(ratio) ? f("%.3g", ratio) : "-") << " |\n";
+    if (std::isfinite(ratio) && v.name.rfind("none", 0) != 0) impact.push_back({v.name, ratio});
+  }
+  std::sort(impact.begin(), impact.end(),
+            [](const scored& a, const scored& b) { return std::fabs(std::log(a.ratio)) > std::fabs(std::log(b.ratio)); });
+  md << "\nOrdered by how far they move the cost per token:";
+  for (size_t i = 0; i < impact.size() && i < 5; ++i) {
+    md << (i ? ";" : "") << " " << impact[i].name << " (x" << f("%.3g", impact[i].ratio) << ")";
+  }
+  md << ". The serial chain (hops x latency and the transfers of activations over gigabit links) sets the time "
+        "per token; electricity for " << f("%.3g", mw) << " MW sets the cost; the failure rate barely matters "
+        "while detection and recovery take seconds and failures come hours apart.\n";
+  return md.str();
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app, int& status) {
+  auto o = std::make_shared<plan_opts>();
+  auto* cmd = app.add_subcommand("plan", "the bottleneck checklist and the at-scale simulation");
+  cmd->add_option("-m,--model", o->model,
+                  "model preset (stories260k, stories15m, stories42m, stories110m, llama2-7b, llama3-8b, "
+                  "llama3-70b, kimi-k2, kimi-k3) or a Hugging Face config.json")
+      ->required();
+  cmd->add_option("--hardware", o->hardware, "ps3, ps3-slim, rpi5, host, h100-8x, h200-8x, or a hw.json")
+      ->capture_default_str();
+  cmd->add_option("--nodes", o->nodes, "node count")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--topology", o->topology,
+                  "pipeline[:S]|tensor[:T]|hybrid:PxT|expert[:T] (default: expert for a mixture of experts, "
+                  "else pipeline)");
+  cmd->add_option("--batch", o->batch, "concurrent sequences")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--context", o->context, "positions of KV cache per sequence")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--calibrate", o->calibrate, "fit the constants to a sweep CSV (CLI.md sweep columns)");
+  cmd->add_option("--calibrate-hardware", o->calibrate_hardware, "where the sweep ran (host: measured here)")
+      ->capture_default_str();
+  cmd->add_option("--calibrate-context", o->calibrate_context,
+                  "mean attended positions of the sweep's runs (half of 128 tokens)")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json, "machine-readable result to FILE (- = stdout)");
+  cmd->add_option("--report", o->report, "write the Markdown report (answer, curves, sensitivity) to FILE");
+  cmd->add_option("--baseline", o->baseline, "GPU server preset to compare with, or none")->capture_default_str();
+  cmd->add_option("--memory", o->memory, "per-node memory budget, e.g. 200MiB (overrides the hardware)");
+  cmd->add_option("--link", o->link, "BANDWIDTH:LATENCY, e.g. 10gbit:50us (overrides the hardware)");
+  cmd->add_option("--weights", o->weights, "native|f32|bf16|f16|q8_0|mxfp4")->capture_default_str();
+  cmd->add_option("--wire", o->wire, "activations on the wire: f32 (the runtime), bf16 or fp8");
+  auto* g = cmd->add_option_group("Assumptions (defaults in docs/planner.md)");
+  g->add_option("--electricity", o->electricity, "USD per kWh (0.12)");
+  g->add_option("--amortisation-years", o->amortisation, "hardware amortisation (3)");
+  g->add_option("--price", o->price, "USD per node (hardware preset)");
+  g->add_option("--failures-per-year", o->failures, "failures per node-year (hardware preset)");
+  g->add_option("--detect-ms", o->detect_ms, "time to detect a failed node (365, measured)");
+  g->add_option("--recover-ms", o->recover_ms, "runtime recovery besides reload and replay (1.2, measured)");
+  g->add_option("--efficiency", o->efficiency, "fraction of peak bandwidth/FLOP/s (1, or calibrated)");
+  g->add_option("--link-efficiency", o->link_efficiency, "payload / line rate (0.941)");
+  g->add_option("--request-tokens", o->request_tokens, "tokens per request (256)");
+  g->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints (16)");
+  g->add_flag("--no-reload", o->no_reload, "spares already hold the weights they take over");
+  g->add_flag("--sample-on-last-stage", o->sample_last, "return a token id, not the logits");
+  auto* s = cmd->add_option_group("Simulation");
+  s->add_flag("--simulate", o->simulate, "run the discrete-event simulation of the plan");
+  s->add_option("--sim-hours", o->sim_hours, "simulated hours (1)");
+  s->add_option("--sim-rate", o->sim_rate, "requests per second (0: a closed loop of --batch sessions)");
+  s->add_option("--sim-failure-scale", o->sim_failure_scale, "multiply node failure rates (1)");
+  s->add_option("-s,--seed", o->seed, "simulation seed (1)");
+
+  cmd->callback([o, &status] {
+    plan_request r = build_request(*o);
+    std::unique_ptr<calibration> cal;
+    if (!o->calibrate.empty()) {
+      auto rows = parse_sweep_csv(read_text(o->calibrate), o->calibrate);
+      if (!rows) throw cli_error(rows.message());
+      plan_request base = r;
+      base.hw = load_hardware(o->calibrate_hardware, true);
+      base.context = o->calibrate_context;
+      base.assume = r.assume;
+      auto c = calibrate(*rows, base, preset_resolver(&r.model));
+      if (!c) throw cli_error("--calibrate " + o->calibrate + ": " + c.message());
+      cal = std::make_unique<calibration>(*c);
+      r.assume.compute_efficiency = c->fitted.compute_efficiency;
+      r.assume.message_overhead_s = c->fitted.message_overhead_s;
+      r.assume.sync_overhead_s = c->fitted.sync_overhead_s;
+      r.assume.byte_overhead_s = c->fitted.byte_overhead_s;
+      if (o->efficiency > 0) r.assume.compute_efficiency = o->efficiency;
+    }
+    auto p = plan(r);
+    if (!p) throw cli_error(p.message(), 2);
+    std::unique_ptr<plan_result> base;
+    if (o->baseline != "none" && !o->baseline.empty()) {
+      const hardware_spec bhw = load_hardware(o->baseline, false);
+      auto b = plan_baseline(r, bhw);
+      if (!b) throw cli_error("--baseline: " + b.message());
+      base = std::make_unique<plan_result>(*b);
+    }
+    std::unique_ptr<sim_result> sim;
+    double sim_wall = 0;
+    if (o->simulate) {
+      sim_options so;
+      so.duration_s = o->sim_hours * 3600;
+      so.arrival_rate = o->sim_rate;
+      so.failure_scale = o->sim_failure_scale;
+      so.seed = o->seed;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto sr = simulate(*p, so);
+      sim_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!sr) throw cli_error(sr.message());
+      sim = std::make_unique<sim_result>(*sr);
+    }
+
+    const bool json_to_stdout = o->json == "-";
+    if (!json_to_stdout) {
+      std::printf("%s", to_text(*p, base.get()).c_str());
+      if (cal) {
+        std::printf("calibration (%zu points, largest error %.1f%%): efficiency %.3g, %.3g us/message, %.3g "
+                    "us/all-reduce, %.3g ns/byte\n",
+                    cal->points.size(), cal->max_abs_error * 100, cal->fitted.compute_efficiency,
+                    cal->fitted.message_overhead_s * 1e6, cal->fitted.sync_overhead_s * 1e6,
+                    cal->fitted.byte_overhead_s * 1e9);
+        for (const auto& pt : cal->points) {
+          std::printf("  %-12s %-12s nodes %d batch %d: measured %.4g ms, predicted %.4g ms (%+.1f%%)\n",
+                      pt.model.c_str(), pt.topology.c_str(), pt.nodes, pt.batch, pt.measured_tpot_ms,
+                      pt.predicted_tpot_ms, pt.error * 100);
+        }
+      }
+      if (sim) {
+        std::printf("simulation: %d nodes, %.3g h, %llu events in %.2f s: %s tokens/s (closed form %s), time "
+                    "between tokens p50 %s p99 %s, %llu failures, %.3g of %llu requests met one\n",
+                    sim->nodes, sim->simulated_s / 3600, static_cast<unsigned long long>(sim->events), sim_wall,
+                    rate(sim->tokens_per_s).c_str(), rate(p->goodput_tokens_per_s).c_str(),
+                    human_seconds(sim->token_latency_p50_s).c_str(), human_seconds(sim->token_latency_p99_s).c_str(),
+                    static_cast<unsigned long long>(sim->failures), sim->request_failure_fraction,
+                    static_cast<unsigned long long>(sim->requests_done));
+      }
+    }
+    if (!o->json.empty()) {
+      nlohmann::json j = nlohmann::json::parse(to_json(*p));
+      if (base) j["baseline"] = nlohmann::json::parse(to_json(*base));
+      if (cal) {
+        nlohmann::json pts = nlohmann::json::array();
+        for (const auto& pt : cal->points) {
+          pts.push_back({{"nodes", pt.nodes},
+                         {"topology", pt.topology},
+                         {"model", pt.model},
+                         {"batch", pt.batch},
+                         {"measured_tpot_ms", pt.measured_tpot_ms},
+                         {"predicted_tpot_ms", pt.predicted_tpot_ms},
+                         {"error", pt.error}});
+        }
+        j["calibration"] = pts;
+        j["calibration_fit"] = {{"compute_efficiency", cal->fitted.compute_efficiency},
+                                {"message_overhead_s", cal->fitted.message_overhead_s},
+                                {"sync_overhead_s", cal->fitted.sync_overhead_s},
+                                {"byte_overhead_s", cal->fitted.byte_overhead_s},
+                                {"max_abs_error", cal->max_abs_error},
+                                {"rms_error", cal->rms_error}};
+      }
+      if (sim) j["simulation"] = sim_json(*sim, sim_wall);
+      write_text(o->json, j.dump(2) + "\n");
+    }
+    if (!o->report.empty()) {
+      write_text(o->report, report_text(*o, *p, base.get(), cal.get(), sim.get(), sim_wall));
+      if (!json_to_stdout) std::printf("wrote %s\n", o->report.c_str());
+    }
+    status = 0;
+  });
+}
+
+}  // namespace cellshard::tools

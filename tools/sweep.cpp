@@ -1,0 +1,198 @@
+// `cellshard sweep`: a grid of in-process runs (nodes x topology x link x
+// batch) written to DIR/sweep.csv (the columns of CLI.md) and drawn as PNG
+// plots with gnuplot: latency, throughput and communication share against
+// node count, one line per topology, link and batch. Points the model cannot
+// be split into (more stages than layers, a tensor group wider than the KV
+// heads) are skipped and listed.
+#include "actors/cluster.hpp"
+#include "tools/commands.hpp"
+#include "tools/common.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace cellshard::tools {
+
+namespace {
+
+struct sweep_opts {
+  std::string model, tokenizer, prompt, profile = "host", out = "sweep";
+  int steps = 32;
+  float temperature = 0.0f, topp = 0.9f;
+  unsigned long long seed = 1;
+  std::vector<int> nodes = {1, 2, 4, 8};
+  std::vector<std::string> topologies = {"pipeline", "tensor"};
+  std::vector<std::string> links = {"none"};
+  std::vector<int> batches = {1};
+  bool no_plots = false;
+};
+
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
+
+void progress(int done, int total, const std::string& what) {
+  const int width = 30;
+  const int filled = total ? done * width / total : width;
+  std::fprintf(stderr, "\r[%s%s] %d/%d %-50s", std::string(filled, '=').c_str(),
+               std::string(width - filled, ' ').c_str(), done, total, what.c_str());
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+/// One gnuplot PNG: column `ycol` of sweep.csv against nodes, a line per series.
+void plot(const std::string& dir, const std::string& name, const std::string& title, const std::string& ylabel,
+          int ycol, const std::vector<std::string>& series, bool logy) {
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 900,560\nset output '" << dir << "/" << name << ".png'\n"
+     << "set datafile separator ','\nset key outside right\nset grid\nset logscale x 2\n"
+     << (logy ? "set logscale y\n" : "") << "set title '" << title << "'\nset xlabel 'nodes'\nset ylabel '"
+     << ylabel << "'\nplot ";
+  for (size_t i = 0; i < series.size(); ++i) {
+    // Each series is "topology,link,batch": rows are filtered with a ternary.
+    std::string topo, link, batch;
+    std::istringstream ss(series[i]);
+    std::getline(ss, topo, '|');
+    std::getline(ss, link, '|');
+    std::getline(ss, batch, '|');
+    gp << (i ? ", " : "") << "'" << dir << "/sweep.csv' every ::1 using "
+       << "(strcol(2) eq '" << topo << "' && strcol(6) eq '" << link << "' && strcol(7) eq '" << batch
+       << "' ? $3 : 1/0):" << ycol << " with linespoints title '" << topo << " " << link << " batch " << batch
+       << "'";
+  }
+  gp << "\n";
+  const std::string script = dir + "/" + name + ".gp";
+  std::ofstream(script) << gp.str();
+  const std::string cmd = "gnuplot '" + script + "' 2>&1";
+  if (std::system(cmd.c_str()) != 0)
+    std::fprintf(stderr, "warning: gnuplot failed for %s (is gnuplot installed? scripts/install-deps.sh)\n",
+                 script.c_str());
+}
+
+int do_sweep(const sweep_opts& o) {
+  loaded_model lm = load_model(o.model, o.tokenizer);
+  const auto& mc = lm.file->cfg();
+  if (::mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST)
+    throw cli_error(o.out + ": cannot create: " + std::strerror(errno));
+  std::fprintf(stderr, "model: %s (%s)\n", lm.description.c_str(), mc.to_string().c_str());
+  model::generation_params gp;
+  gp.prompt = o.prompt;
+  gp.steps = o.steps;
+  gp.sampling = {o.temperature, o.topp, o.seed};
+  gp = model::normalise(gp, mc.seq_len);
+
+  std::ofstream csv(o.out + "/sweep.csv");
+  if (!csv) throw cli_error(o.out + "/sweep.csv: cannot write");
+  csv << "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
+         "bytes_per_token\n";
+  const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);
+  std::vector<std::string> skipped, series;
+  const int total = static_cast<int>(o.nodes.size() * o.topologies.size() * o.links.size() * o.batches.size());
+  int done = 0;
+  for (const auto& topo : o.topologies)
+    for (const auto& link : o.links)
+      for (int batch : o.batches) {
+        series.push_back(topo + "|" + link + "|" + std::to_string(batch));
+        for (int n : o.nodes) {
+          const std::string what = topo + " " + std::to_string(n) + " nodes, link " + link + ", batch " +
+                                   std::to_string(batch);
+          progress(done, total, what);
+          ++done;
+          actors::cluster_options co;
+          co.file = lm.file;
+          co.tok = lm.tok;
+          co.nodes = n;
+          co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n) : topo;
+          co.profile = o.profile;
+          co.link = link == "none" ? "" : link;
+          co.sessions = batch;
+          auto c = actors::cluster::start(co);
+          if (!c) {
+            skipped.push_back(what + ": " + c.message());
+            continue;
+          }
+          const auto wall0 = std::chrono::steady_clock::now();
+          std::vector<std::shared_ptr<std::promise<actors::session_outcome>>> ps;
+          for (int b = 0; b < batch; ++b) {
+            auto p = std::make_shared<std::promise<actors::session_outcome>>();
+            ps.push_back(p);
+            (*c)->submit(gp, {}, [p](uint64_t, const actors::session_outcome& so) { p->set_value(so); });
+          }
+          std::vector<actors::session_outcome> outs;
+          for (auto& p : ps) {
+            auto f = p->get_future();
+            if (f.wait_for(std::chrono::minutes(10)) != std::future_status::ready)
+              throw cli_error(what + ": a run did not finish within 10 minutes");
+            outs.push_back(f.get());
+            if (!outs.back().ok) throw cli_error(what + ": " + outs.back().error);
+          }
+          const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+          int tokens = 0;
+          for (auto& so : outs) tokens += static_cast<int>(so.result.ids.size()) - 1;
+          const auto& first = outs.front();
+          auto st = (*c)->stats();
+          if (!st) throw cli_error(st.message());
+          uint64_t link_bytes = 0;
+          for (auto& s : *st)
+            for (size_t i = 0; i < s.link_to.size(); ++i)
+              if (s.link_to[i] >= 0) link_bytes += s.link_bytes[i];  // between nodes only
+          const auto& plan = (*c)->placement();
+          const double share = std::max(0.0, 1.0 - first.compute_ms / first.result.duration_ms);
+          csv << model_name << "," << topo << "," << n << "," << plan.stages.size() << ","
+              << plan.stages.front().shards.size() << "," << link << "," << batch << "," << first.result.ttft_ms
+              << "," << pct(first.result.step_ms, 0.5) << "," << pct(first.result.step_ms, 0.99) << ","
+              << tokens / wall << "," << share << "," << static_cast<double>(link_bytes) / std::max(1, tokens)
+              << "\n";
+          csv.flush();
+        }
+      }
+  progress(total, total, "done");
+  if (!skipped.empty()) {
+    std::fprintf(stderr, "skipped %zu point(s) the model cannot be split into:\n", skipped.size());
+    for (auto& s : skipped) std::fprintf(stderr, "  %s\n", s.c_str());
+  }
+  if (!o.no_plots) {
+    plot(o.out, "latency", "time per output token (median)", "ms", 9, series, true);
+    plot(o.out, "throughput", "tokens per second (aggregate over the batch)", "tokens/s", 11, series, true);
+    plot(o.out, "comm_share", "communication share of the critical path", "fraction", 12, series, false);
+    plot(o.out, "bytes_per_token", "bytes between nodes per token", "bytes", 13, series, false);
+  }
+  std::fprintf(stderr, "wrote %s/sweep.csv%s\n", o.out.c_str(), o.no_plots ? "" : " and PNG plots");
+  return 0;
+}
+
+}  // namespace
+
+void add_sweep(CLI::App& app, int& status) {
+  auto o = std::make_shared<sweep_opts>();
+  auto* cmd = app.add_subcommand("sweep", "a grid of runs (nodes x topology x link x batch) to CSV and plots");
+  cmd->add_option("-m,--model", o->model, "model (default lookup as run)");
+  cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer");
+  cmd->add_option("-i,--prompt", o->prompt, "prompt");
+  cmd->add_option("-n,--steps", o->steps, "positions per run")->capture_default_str();
+  cmd->add_option("-t,--temperature", o->temperature, "temperature")->capture_default_str();
+  cmd->add_option("-p,--topp", o->topp, "top-p")->capture_default_str();
+  cmd->add_option("-s,--seed", o->seed, "seed")->capture_default_str();
+  cmd->add_option("--nodes", o->nodes, "node counts, e.g. 1,2,4,8,16,32,64")->delimiter(',')->capture_default_str();
+  cmd->add_option("--topology", o->topologies, "pipeline,tensor")->delimiter(',')->capture_default_str();
+  cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
+  cmd->add_option("--link", o->links, "links, e.g. 1gbit:100us,100mbit:100us (none = unshaped)")->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--batch", o->batches, "batch sizes, e.g. 1,8")->delimiter(',')->capture_default_str();
+  cmd->add_option("--out", o->out, "output folder")->capture_default_str();
+  cmd->add_flag("--no-plots", o->no_plots, "CSV only");
+  cmd->callback([o, &status] { status = do_sweep(*o); });
+}
+
+}  // namespace cellshard::tools
