@@ -178,10 +178,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   init.backend = be;
   init.node = st.node;
   caf::actor a = spawn_shard(self->system(), std::move(init));
-  // Linked: when the daemon stops, its shards stop (the exit handler below
-  // keeps a shard's end from stopping the daemon).
-  self->link_to(a);
-  self->monitor(a);
+  self->monitor(a);  // the down handler forgets it when it ends
   cl->second.shards.insert(a.address());
   st.owner_of[a.address()] = s.owner.address();
   st.shard_handles[a.address()] = a;
@@ -191,6 +188,59 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
                 " rank " + std::to_string(s.rank) + ", " + spec.to_string() + ") started, " +
                 topologies::format_bytes(out.weight_bytes) + " of weights");
   return out;
+}
+
+/// Connecting to the other daemons of a cluster, one after another. With
+/// caf-openssl, concurrent TLS handshakes between daemons that are at the same
+/// time client and server of one another were seen to stall (the middleman
+/// then reports connection_timeout), so peers are dialled in turn and a
+/// timed-out handshake is retried while the deadline allows.
+struct peer_job {
+  node_peers peers;
+  size_t next = 0;
+  int attempt = 0;
+  node_peers_done out;
+  caf::response_promise rp;
+  caf::io::middleman_actor mm;
+  std::chrono::steady_clock::time_point until;
+};
+
+void dial_next(daemon_actor* self, std::shared_ptr<peer_job> job) {
+  const auto& p = job->peers;
+  const size_t n = std::min({p.nodes.size(), p.hosts.size(), p.ports.size()});
+  if (job->next >= n) {
+    job->rp.deliver(job->out);
+    return;
+  }
+  const size_t i = job->next;
+  const std::string who = "node " + std::to_string(p.nodes[i]) + " (" + p.hosts[i] + ":" +
+                          std::to_string(p.ports[i]) + ")";
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job->until - std::chrono::steady_clock::now());
+  if (left.count() < 1) left = std::chrono::milliseconds(1);
+  self->request(job->mm, left, caf::connect_atom::value, p.hosts[i], p.ports[i])
+      .then(
+          [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            if (ptr) ++job->out.connected;
+            else job->out.error += (job->out.error.empty() ? "" : "; ") + who + ": no actor published there";
+            job->next++;
+            job->attempt = 0;
+            dial_next(self, job);
+          },
+          [=](caf::error& e) {
+            const bool stalled = e.category() == caf::atom("system") &&
+                                 static_cast<caf::sec>(e.code()) == caf::sec::connection_timeout;
+            if (stalled && job->attempt < 3 && std::chrono::steady_clock::now() < job->until) {
+              ++job->attempt;
+              log(self, "connection to " + who + " stalled; retrying");
+              dial_next(self, job);
+              return;
+            }
+            job->out.error += (job->out.error.empty() ? "" : "; ") + who + ": " +
+                              describe_connect_error(self->system(), e);
+            job->next++;
+            job->attempt = 0;
+            dial_next(self, job);
+          });
 }
 
 caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
@@ -214,9 +264,10 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
     }
     st.shard_handles.erase(dm.source);
   });
+  // Stopping the daemon (an exit message) stops every shard it spawned.
   self->set_exit_handler([=](caf::exit_msg& em) {
-    if (self->state.owner_of.count(em.source) || self->state.shard_handles.count(em.source))
-      return;  // one of our shards ended: the down handler cleans up
+    for (auto& kv : self->state.shard_handles) self->send_exit(kv.second, em.reason);
+    self->state.shard_handles.clear();
     self->quit(em.reason);
   });
   return {
@@ -267,39 +318,13 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         return r;
       },
       [=](node_peers& p) -> caf::result<node_peers_done> {
-        auto& st = self->state;
-        const size_t n = std::min({p.nodes.size(), p.hosts.size(), p.ports.size()});
-        if (n == 0) return node_peers_done{};
-        struct pending {
-          size_t left;
-          node_peers_done out;
-        };
-        auto pd = std::make_shared<pending>(pending{n, {}});
-        auto rp = self->make_response_promise<node_peers_done>();
-        auto mm = connector(self->system(), st.opts.net.tls.requested());
-        for (size_t i = 0; i < n; ++i) {
-          const std::string who = "node " + std::to_string(p.nodes[i]) + " (" + p.hosts[i] + ":" +
-                                  std::to_string(p.ports[i]) + ")";
-          auto done = [pd, rp]() mutable {
-            if (--pd->left == 0) rp.deliver(pd->out);
-          };
-          self->request(mm, st.opts.peer_timeout, caf::connect_atom::value, p.hosts[i], p.ports[i])
-              .then(
-                  [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) mutable {
-                    if (ptr) {
-                      ++pd->out.connected;
-                    } else {
-                      pd->out.error += (pd->out.error.empty() ? "" : "; ") + who + ": no actor published there";
-                    }
-                    done();
-                  },
-                  [=](caf::error& e) mutable {
-                    pd->out.error += (pd->out.error.empty() ? "" : "; ") + who + ": " +
-                                     describe_connect_error(self->system(), e);
-                    done();
-                  });
-        }
-        return rp;
+        auto job = std::make_shared<peer_job>();
+        job->peers = std::move(p);
+        job->rp = self->make_response_promise<node_peers_done>();
+        job->mm = connector(self->system(), self->state.opts.net.tls.requested());
+        job->until = std::chrono::steady_clock::now() + self->state.opts.peer_timeout;
+        dial_next(self, job);
+        return job->rp;
       },
       [=](shard_spawn& s) -> shard_spawned { return do_spawn(self, s); },
       [=](stats_atom) -> node_report {

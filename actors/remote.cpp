@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <sys/stat.h>
 
 namespace cellshard::actors {
 
@@ -144,35 +145,57 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
                                   const model::tokenizer& tok) {
   auto net = check_network(sys, opts_.net);
   if (!net) return net;
+  struct stat sb;
+  if (::stat(file.path().c_str(), &sb) != 0 || !S_ISREG(sb.st_mode))
+    return make_error("the front end's model (" + file.path() + ") is not a file: node daemons load "
+                      "their slices from their own copy of the model file, found by its name; give -m FILE");
   sys_ = &sys;
   const size_t n = entries_.size();
   const bool tls = opts_.net.tls.requested();
   caf::scoped_actor self{sys};
 
-  // 1. Connections, all at once: the wait is one deadline, not n.
+  // 1. Connections, all at once: the wait is one deadline, not n. A TLS
+  // handshake that stalls (caf-openssl, see dial_next in actors/daemon.cpp)
+  // is retried while the deadline allows; a frozen node fails every attempt.
   daemons_.assign(n, caf::actor{});
   {
+    using clk = std::chrono::steady_clock;
     auto mm = connector(sys, tls);
-    auto send = [&](size_t i) {
-      return self->request(mm, opts_.connect_timeout, caf::connect_atom::value, entries_[i].host,
-                           entries_[i].port);
-    };
-    std::vector<decltype(send(0))> pending;
-    for (size_t i = 0; i < n; ++i) pending.push_back(send(i));
-    std::string errors;
-    for (size_t i = 0; i < n; ++i) {
-      const std::string who = describe(static_cast<int>(i));
-      pending[i].receive(
-          [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
-            if (ptr) daemons_[i] = caf::actor_cast<caf::actor>(ptr);
-            else append(errors, who + ": no cellshard node daemon published there");
-          },
-          [&](caf::error& e) {
-            append(errors, who + ": cannot connect" + (tls ? " (TLS)" : "") + " within " +
-                               std::to_string(opts_.connect_timeout.count()) +
-                               " ms: " + describe_connect_error(sys, e));
-          });
+    const auto until = clk::now() + opts_.connect_timeout;
+    std::vector<std::string> errs(n);
+    std::vector<int> attempts(n, 0);
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < n; ++i) todo.push_back(i);
+    while (!todo.empty()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now());
+      if (left.count() < 1) left = std::chrono::milliseconds(1);
+      auto send = [&](size_t i) {
+        return self->request(mm, left, caf::connect_atom::value, entries_[i].host, entries_[i].port);
+      };
+      std::vector<decltype(send(0))> pending;
+      for (size_t i : todo) pending.push_back(send(i));
+      std::vector<size_t> again;
+      for (size_t k = 0; k < todo.size(); ++k) {
+        const size_t i = todo[k];
+        pending[k].receive(
+            [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
+              if (ptr) daemons_[i] = caf::actor_cast<caf::actor>(ptr);
+              else errs[i] = "no cellshard node daemon published there";
+            },
+            [&](caf::error& e) {
+              const bool stalled = e.category() == caf::atom("system") &&
+                                   static_cast<caf::sec>(e.code()) == caf::sec::connection_timeout;
+              if (tls && stalled && ++attempts[i] < 3 && clk::now() < until) again.push_back(i);
+              else
+                errs[i] = std::string("cannot connect") + (tls ? " (TLS)" : "") + ", deadline " +
+                          std::to_string(opts_.connect_timeout.count()) + " ms: " + describe_connect_error(sys, e);
+            });
+      }
+      todo = std::move(again);
     }
+    std::string errors;
+    for (size_t i = 0; i < n; ++i)
+      if (!errs[i].empty()) append(errors, describe(static_cast<int>(i)) + ": " + errs[i]);
     if (!errors.empty()) return make_error(errors);
   }
 
@@ -240,11 +263,14 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
       // The daemon's own peer deadline comes first; ours covers a silent daemon.
       return self->request(daemons_[i], opts_.connect_timeout * 2, std::move(p));
     };
+    // With TLS one daemon at a time (see dial_next in actors/daemon.cpp).
     std::vector<decltype(send(0))> pending;
-    for (size_t i = 0; i + 1 < n; ++i) pending.push_back(send(i));
+    if (!tls)
+      for (size_t i = 0; i + 1 < n; ++i) pending.push_back(send(i));
     std::string errors;
     for (size_t i = 0; i + 1 < n; ++i) {
       const std::string who = describe(static_cast<int>(i));
+      if (tls) pending.push_back(send(i));
       pending[i].receive(
           [&](node_peers_done& d) {
             if (!d.error.empty()) append(errors, who + " cannot reach " + d.error);

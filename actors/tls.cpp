@@ -7,6 +7,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509err.h>
 #include <openssl/x509_vfy.h>
 
 #include <cstdio>
@@ -72,9 +73,13 @@ result<void> validate_tls(const tls_files& t) {
   SSL_CTX_set_default_passwd_cb(ctx.get(), no_passphrase);
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), t.cert.c_str()) != 1)
     return make_error("--tls-cert: " + t.cert + " is not a PEM certificate: " + ssl_errors());
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), t.key.c_str(), SSL_FILETYPE_PEM) != 1)
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), t.key.c_str(), SSL_FILETYPE_PEM) != 1) {
+    if (ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH)
+      return make_error("--tls-key: " + t.key + " does not belong to the certificate " + t.cert + ": " +
+                        ssl_errors());
     return make_error("--tls-key: cannot load the private key " + t.key +
                       " (PEM, unencrypted): " + ssl_errors());
+  }
   if (SSL_CTX_check_private_key(ctx.get()) != 1)
     return make_error("--tls-key: " + t.key + " does not belong to the certificate " + t.cert + ": " +
                       ssl_errors());

@@ -1,0 +1,168 @@
+// A cluster of node daemon processes on loopback: every llama2.c fixture
+// through `cellshard run --cluster` for pipeline, tensor and hybrid:2x2; and
+// the bytes the front end sends while generating, which show that
+// stage-to-stage activations go daemon to daemon, not through the front end.
+#include "actors/cluster.hpp"
+#include "actors/remote.hpp"
+#include "tests/net/net_support.hpp"
+#include "tests/support.hpp"
+
+#include <memory>
+
+using namespace cellshard;
+
+namespace {
+
+struct four_nodes {
+  std::string dir;
+  std::vector<std::unique_ptr<test::daemon_process>> nodes;
+  std::vector<uint16_t> ports;
+  explicit four_nodes(const std::string& name, std::vector<std::string> extra = {}) {
+    dir = test::temp_dir(name);
+    extra.insert(extra.begin(), {"--models", test::shared_file("models")});
+    for (int i = 0; i < 4; ++i) {
+      nodes.push_back(std::make_unique<test::daemon_process>(dir, extra));
+      INFO(nodes.back()->log());
+      REQUIRE(nodes.back()->ok());
+      ports.push_back(nodes.back()->port());
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "[net][fixtures]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-fixtures");
+  const std::string file = test::write_cluster_file(c.dir + "/cluster.json", c.ports);
+  const std::string m = test::shared_file("models/stories260K.bin");
+  const std::string z = test::shared_file("models/tok512.bin");
+  for (const std::string topo : {"pipeline", "tensor", "hybrid:2x2"}) {
+    for (const auto& fc : test::fixture_cases()) {
+      std::vector<std::string> args = {test::cellshard_bin(), "run", "-m", m, "-z", z, "-n",
+                                       std::to_string(fc.steps), "-t", std::to_string(fc.temperature),
+                                       "-p", std::to_string(fc.topp), "-s", std::to_string(fc.seed),
+                                       "--cluster", file, "--topology", topo, "--expect-ids",
+                                       test::shared_file("fixtures/" + fc.name + ".ids")};
+      if (!fc.prompt.empty()) {
+        args.push_back("-i");
+        args.push_back(fc.prompt);
+      }
+      auto r = test::run_command(args, 60);
+      std::string logs;
+      for (auto& n : c.nodes) logs += n->log();
+      INFO(topo << " " << fc.name << "\n" << r.err << "\nnode logs:\n" << logs);
+      CHECK(r.status == 0);
+      CHECK(r.out == test::read_file(test::shared_file("fixtures/" + fc.name + ".txt")));
+    }
+  }
+  // The placement printed by the front end names the daemons' node indices.
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "8", "-t", "0", "-q",
+                              "--cluster", file, "--topology", "hybrid:2x2", "--print-placement"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("placement hybrid"));
+}
+
+namespace {
+
+struct traffic_run {
+  std::vector<int> ids;
+  std::vector<test::tcp_bytes> sent_during;  // by node: front end -> daemon, while generating
+  std::vector<actors::shard_stats> stats;
+  topologies::placement plan;
+};
+
+traffic_run generate_and_count(const four_nodes& c, const std::string& topology, bool direct_links, int steps) {
+  std::vector<actors::remote_node> entries;
+  for (auto p : c.ports) entries.push_back({"127.0.0.1", p, "", 0, false});
+  actors::remote_options ro;
+  ro.direct_links = direct_links;
+  actors::cluster_options co;
+  co.model = test::shared_file("models/stories260K.bin");
+  co.tokenizer = test::shared_file("models/tok512.bin");
+  co.topology = topology;
+  co.host = std::make_shared<actors::remote_host>(entries, ro);
+  auto cl = actors::cluster::start(co);
+  INFO((cl ? std::string() : cl.message()));
+  REQUIRE(cl);
+  model::generation_params gp;
+  gp.steps = steps;
+  gp.sampling.temperature = 0.0f;
+  const auto before = test::tcp_traffic_by_peer_port();
+  auto out = (*cl)->generate(gp);
+  const auto after = test::tcp_traffic_by_peer_port();
+  REQUIRE(out);
+  INFO(out->error);
+  REQUIRE(out->ok);
+  traffic_run t;
+  t.ids = out->result.ids;
+  for (auto p : c.ports) {
+    test::tcp_bytes d;
+    auto a = after.find(p), b = before.find(p);
+    if (a != after.end()) {
+      d = a->second;
+      if (b != before.end()) {
+        d.sent -= b->second.sent;
+        d.received -= b->second.received;
+      }
+    }
+    t.sent_during.push_back(d);
+  }
+  auto st = (*cl)->stats();
+  REQUIRE(st);
+  t.stats = *st;
+  t.plan = (*cl)->placement();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("the front end forwards no activation bytes between stages", "[net][traffic]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-traffic");
+  const auto expected = test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids"));
+  const int steps = 200;
+  const uint64_t dim_bytes = 64 * sizeof(float);  // stories260K: dim 64
+  // What the activations between stages would cost the front end if it
+  // relayed them: one dim-vector per position and hop at least.
+  const uint64_t one_hop = static_cast<uint64_t>(steps) * dim_bytes;
+
+  SECTION("pipeline over 4 daemons") {
+    auto t = generate_and_count(c, "pipeline", true, steps);
+    CHECK(t.ids == expected);
+    REQUIRE(t.plan.stages.size() == 4);
+    // The front end talks to stage 0 (tokens) and hears from the last stage
+    // (logits); to stages 1..3 it sends no activations: only heartbeats and
+    // the session's close message, far below one hop's worth.
+    for (int node = 1; node < 4; ++node) {
+      INFO("node " << node << ": front end sent " << t.sent_during[node].sent << " bytes while "
+                   << steps << " positions passed stage " << node << " (one hop: " << one_hop << " bytes)");
+      CHECK(t.sent_during[node].sent < one_hop / 4);
+    }
+    // The activations did flow, stage to stage (the shards' own link counters).
+    uint64_t stage_to_stage = 0;
+    for (const auto& s : t.stats)
+      for (size_t i = 0; i < s.link_to.size(); ++i)
+        if (s.link_to[i] >= 0 && s.link_to[i] != s.node) stage_to_stage += s.link_bytes[i];
+    CHECK(stage_to_stage >= 3 * one_hop);
+  }
+  SECTION("hybrid 2x2: all-reduces and activations between daemons") {
+    auto t = generate_and_count(c, "hybrid:2x2", true, steps);
+    CHECK(t.ids == expected);
+    // Node 0 holds the embedding (stage 0, rank 0): the front end sends it the
+    // tokens. Nodes 1..3 get nothing from the front end but control messages.
+    for (int node = 1; node < 4; ++node) {
+      INFO("node " << node << ": front end sent " << t.sent_during[node].sent << " bytes");
+      CHECK(t.sent_during[node].sent < one_hop / 4);
+    }
+  }
+  SECTION("control: without direct links CAF relays through the front end, and the count shows it") {
+    auto t = generate_and_count(c, "pipeline", false, steps);
+    CHECK(t.ids == expected);
+    for (int node = 1; node < 4; ++node) {
+      INFO("node " << node << ": front end sent " << t.sent_during[node].sent << " bytes");
+      CHECK(t.sent_during[node].sent >= one_hop);
+    }
+  }
+}
