@@ -1,0 +1,340 @@
+// topologies/plan_calibrate.cpp: the sweep CSV reader and the non-negative
+// least-squares fit of the planner's constants.
+#include "topologies/plan_calibrate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <sstream>
+
+namespace cellshard::topologies {
+
+namespace {
+
+constexpr int n_params = 4;  // 1/eff, c_msg, c_sync, c_byte
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false;
+  for (char c : line) {
+    if (c == '"') quoted = !quoted;
+    else if (c == ',' && !quoted) {
+      out.push_back(trim(cur));
+      cur.clear();
+    } else cur += c;
+  }
+  out.push_back(trim(cur));
+  return out;
+}
+
+// The feature vector of a row and the fixed part of its prediction.
+struct features {
+  std::array<double, n_params> x{};  // compute_s, messages, syncs, bytes
+  double fixed = 0;                  // wire_s
+};
+
+features features_of(const cost_terms& c, double scale) {
+  features f;
+  f.x = {c.compute_s * scale, c.messages * scale, c.syncs * scale, c.bytes * scale};
+  f.fixed = c.wire_s * scale;
+  return f;
+}
+
+plan_assumptions with_params(plan_assumptions a, const std::array<double, n_params>& th) {
+  a.compute_efficiency = th[0] > 0 ? 1.0 / th[0] : a.compute_efficiency;
+  a.message_overhead_s = th[1];
+  a.sync_overhead_s = th[2];
+  a.byte_overhead_s = th[3];
+  return a;
+}
+
+std::array<double, n_params> params_of(const plan_assumptions& a) {
+  return {a.compute_efficiency > 0 ? 1.0 / a.compute_efficiency : 1.0, a.message_overhead_s, a.sync_overhead_s,
+          a.byte_overhead_s};
+}
+
+// Solves the k x k system M v = r by Gaussian elimination with partial
+// pivoting; false when singular.
+bool solve(std::vector<std::vector<double>> M, std::vector<double> r, std::vector<double>& v) {
+  const size_t k = r.size();
+  for (size_t c = 0; c < k; ++c) {
+    size_t piv = c;
+    for (size_t i = c + 1; i < k; ++i) {
+      if (std::fabs(M[i][c]) > std::fabs(M[piv][c])) piv = i;
+    }
+    if (std::fabs(M[piv][c]) < 1e-300) return false;
+    std::swap(M[c], M[piv]);
+    std::swap(r[c], r[piv]);
+    for (size_t i = c + 1; i < k; ++i) {
+      const double f = M[i][c] / M[c][c];
+      for (size_t j = c; j < k; ++j) M[i][j] -= f * M[c][j];
+      r[i] -= f * r[c];
+    }
+  }
+  v.assign(k, 0);
+  for (size_t c = k; c-- > 0;) {
+    double s = r[c];
+    for (size_t j = c + 1; j < k; ++j) s -= M[c][j] * v[j];
+    v[c] = s / M[c][c];
+  }
+  return true;
+}
+
+}  // namespace
+
+result<std::vector<sweep_row>> parse_sweep_csv(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  std::map<std::string, size_t> col;
+  std::vector<sweep_row> rows;
+  bool have_header = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (trim(line).empty() || trim(line)[0] == '#') continue;
+    auto cells = split_csv(line);
+    if (!have_header) {
+      for (size_t i = 0; i < cells.size(); ++i) col[lower(cells[i])] = i;
+      for (const char* need : {"model", "topology", "nodes", "tpot_ms_p50"}) {
+        if (!col.count(need)) {
+          return make_error(name + " line " + std::to_string(lineno) + ": the header lacks the column '" + need +
+                            "' (CLI.md sweep columns: model,topology,nodes,stages,tp,link,batch,ttft_ms,"
+                            "tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,bytes_per_token)");
+        }
+      }
+      have_header = true;
+      continue;
+    }
+    sweep_row r;
+    r.line = lineno;
+    std::string err;
+    auto cell = [&](const char* key) -> std::string {
+      auto it = col.find(key);
+      if (it == col.end() || it->second >= cells.size()) return "";
+      return cells[it->second];
+    };
+    auto number = [&](const char* key, double fallback) -> double {
+      const std::string s = cell(key);
+      if (s.empty() || s == "-" || lower(s) == "nan") return fallback;
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      if (end == s.c_str() || *end != '\0') {
+        if (err.empty()) err = "column '" + std::string(key) + "': '" + s + "' is not a number";
+        return fallback;
+      }
+      return v;
+    };
+    r.model = cell("model");
+    r.topology = lower(cell("topology"));
+    r.nodes = static_cast<int>(number("nodes", 0));
+    r.stages = static_cast<int>(number("stages", 0));
+    r.tp = static_cast<int>(number("tp", 0));
+    r.link = cell("link");
+    r.batch = static_cast<int>(number("batch", 1));
+    r.ttft_ms = number("ttft_ms", 0);
+    r.tpot_ms_p50 = number("tpot_ms_p50", 0);
+    r.tpot_ms_p99 = number("tpot_ms_p99", 0);
+    r.tokens_per_s = number("tokens_per_s", 0);
+    r.comm_share = number("comm_share", 0);
+    r.bytes_per_token = number("bytes_per_token", 0);
+    if (!err.empty()) return make_error(name + " line " + std::to_string(lineno) + ": " + err);
+    if (r.nodes < 1) return make_error(name + " line " + std::to_string(lineno) + ": nodes must be at least 1");
+    if (r.tpot_ms_p50 <= 0) {
+      return make_error(name + " line " + std::to_string(lineno) + ": tpot_ms_p50 must be positive");
+    }
+    if (r.batch < 1) r.batch = 1;
+    rows.push_back(r);
+  }
+  if (!have_header) return make_error(name + ": empty (expected a header line and rows)");
+  return rows;
+}
+
+model_resolver preset_resolver(const model_spec* fallback) {
+  const bool has = fallback != nullptr;
+  model_spec fb = has ? *fallback : model_spec{};
+  return [has, fb](const std::string& row_model) -> result<model_spec> {
+    std::string n = lower(row_model);
+    const auto slash = n.find_last_of('/');
+    if (slash != std::string::npos) n = n.substr(slash + 1);
+    const auto dot = n.find_last_of('.');
+    if (dot != std::string::npos) n = n.substr(0, dot);
+    auto p = find_model_preset(n);
+    if (p) return p;
+    // "synth stories110m", "stories110m-synth": the preset named inside.
+    for (const auto& name : model_preset_names()) {
+      if (n.find(name) != std::string::npos) return find_model_preset(name);
+    }
+    if (has) return fb;
+    return make_error("model '" + row_model + "' is not a preset (pass --model for it)");
+  };
+}
+
+result<plan_request> request_for_row(const sweep_row& row, const plan_request& base, const model_resolver& resolve) {
+  const std::string where = "line " + std::to_string(row.line) + ": ";
+  auto m = resolve(row.model);
+  if (!m) return make_error(where + m.message());
+  plan_request r = base;
+  r.model = *m;
+  r.nodes = row.nodes;
+  r.batch = row.batch;
+  std::string topo = row.topology;
+  // The stages / tp columns pin the split where the topology text does not.
+  if (topo == "pipeline" && row.stages > 0) topo += ":" + std::to_string(row.stages);
+  else if (topo == "tensor" && row.tp > 0) topo += ":" + std::to_string(row.tp);
+  auto t = parse_plan_topology(topo);
+  if (!t) return make_error(where + t.message());
+  r.topology = *t;
+  const std::string link = lower(row.link);
+  if (!link.empty() && link != "-" && link != "none" && link != "host" && link != "in-process") {
+    auto l = parse_link(row.link);
+    if (!l) return make_error(where + l.message());
+    r.hw.node.link = *l;
+  }
+  return r;
+}
+
+result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_request& base,
+                              const model_resolver& resolve) {
+  if (rows.empty()) return make_error("--calibrate: no rows to fit");
+  struct prepared {
+    plan_request req;
+    plan_layout layout;
+    chain_costs chain;  // at the row's micro-batch
+    int micro = 1;
+    double y = 0;  // measured seconds
+  };
+  std::vector<prepared> ps;
+  std::vector<const sweep_row*> used;
+  for (const auto& row : rows) {
+    // The runtime runs concurrent sessions as separate steps, not as one
+    // batched step, so rows with batch > 1 measure something the planner's
+    // batched station does not model: they are left out of the fit.
+    if (row.batch > 1) continue;
+    auto r = request_for_row(row, base, resolve);
+    if (!r) return r.err();
+    auto l = lay_out(*r);
+    if (!l) return make_error("line " + std::to_string(row.line) + ": " + l.message());
+    prepared p;
+    p.req = *r;
+    p.layout = *l;
+    p.micro = std::max(1, (row.batch + static_cast<int>(l->groups.size()) - 1) / static_cast<int>(l->groups.size()));
+    p.chain = chain_cost(p.req, p.layout, p.micro);
+    p.y = row.tpot_ms_p50 / 1000.0;
+    ps.push_back(std::move(p));
+    used.push_back(&row);
+  }
+  if (ps.empty()) return make_error("--calibrate: no rows with batch 1 to fit");
+
+  std::array<double, n_params> theta = params_of(base.assume);
+  std::vector<std::string> free_names;
+  for (int round = 0; round < 3; ++round) {
+    // Each row's terms under the current fit: the chain (B / chain(b) limits)
+    // or B/b x the busiest station.
+    std::vector<features> fs;
+    const plan_assumptions cur = with_params(base.assume, theta);
+    for (const auto& p : ps) {
+      const double chain_s = p.chain.chain.seconds(cur);
+      const double station_s = static_cast<double>(p.req.batch) / p.micro * p.chain.busiest.seconds(cur);
+      fs.push_back(station_s > chain_s ? features_of(p.chain.busiest, static_cast<double>(p.req.batch) / p.micro)
+                                       : features_of(p.chain.chain, 1.0));
+    }
+    // Relative residuals: A_ij = x_ij / y_i, rhs_i = (y_i - fixed_i) / y_i.
+    std::array<bool, n_params> usable{};
+    for (int j = 0; j < n_params; ++j) {
+      for (size_t i = 0; i < ps.size(); ++i) usable[j] = usable[j] || fs[i].x[j] > 0;
+    }
+    double best = std::numeric_limits<double>::infinity();
+    std::array<double, n_params> best_theta = theta;
+    for (int mask = 1; mask < (1 << n_params); ++mask) {
+      std::vector<int> idx;
+      bool ok = true;
+      for (int j = 0; j < n_params; ++j) {
+        if (mask & (1 << j)) {
+          if (!usable[j]) ok = false;
+          idx.push_back(j);
+        }
+      }
+      if (!ok) continue;
+      const size_t k = idx.size();
+      std::vector<std::vector<double>> M(k, std::vector<double>(k, 0));
+      std::vector<double> rhs(k, 0);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const double y = ps[i].y;
+        for (size_t a = 0; a < k; ++a) {
+          const double xa = fs[i].x[static_cast<size_t>(idx[a])] / y;
+          rhs[a] += xa * (y - fs[i].fixed) / y;
+          for (size_t b = 0; b < k; ++b) M[a][b] += xa * fs[i].x[static_cast<size_t>(idx[b])] / y;
+        }
+      }
+      std::vector<double> v;
+      if (!solve(M, rhs, v)) continue;
+      if (std::any_of(v.begin(), v.end(), [](double q) { return q < 0; })) continue;
+      std::array<double, n_params> th{};
+      for (size_t a = 0; a < k; ++a) th[static_cast<size_t>(idx[a])] = v[a];
+      if (th[0] <= 0 && usable[0]) continue;  // compute must take some time
+      if (!usable[0]) th[0] = theta[0];
+      double sse = 0;
+      for (size_t i = 0; i < ps.size(); ++i) {
+        double pred = fs[i].fixed;
+        for (int j = 0; j < n_params; ++j) pred += fs[i].x[static_cast<size_t>(j)] * th[static_cast<size_t>(j)];
+        const double e = (pred - ps[i].y) / ps[i].y;
+        sse += e * e;
+      }
+      if (sse < best - 1e-18) {
+        best = sse;
+        best_theta = th;
+      }
+    }
+    theta = best_theta;
+    free_names.clear();
+    const char* names[n_params] = {"compute_efficiency", "message_overhead_s", "sync_overhead_s", "byte_overhead_s"};
+    for (int j = 0; j < n_params; ++j) {
+      if (usable[j]) free_names.push_back(names[j]);
+    }
+  }
+
+  calibration c;
+  c.fitted = with_params(base.assume, theta);
+  c.free = free_names;
+  double sum2 = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    plan_request r = ps[i].req;
+    r.assume = c.fitted;
+    auto p = plan(r);
+    if (!p) return make_error("line " + std::to_string(used[i]->line) + ": " + p.message());
+    calibration_point pt;
+    pt.model = r.model.name;
+    pt.topology = to_string(p->layout.topology);
+    pt.nodes = r.nodes;
+    pt.batch = r.batch;
+    pt.measured_tpot_ms = used[i]->tpot_ms_p50;
+    pt.predicted_tpot_ms = p->per_token_latency_s * 1000.0;
+    pt.error = (pt.predicted_tpot_ms - pt.measured_tpot_ms) / pt.measured_tpot_ms;
+    c.max_abs_error = std::max(c.max_abs_error, std::fabs(pt.error));
+    sum2 += pt.error * pt.error;
+    c.points.push_back(pt);
+  }
+  c.rms_error = std::sqrt(sum2 / static_cast<double>(c.points.size()));
+  c.skipped = static_cast<int>(rows.size() - ps.size());
+  return c;
+}
+
+}  // namespace cellshard::topologies

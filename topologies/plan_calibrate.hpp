@@ -1,0 +1,94 @@
+// topologies/plan_calibrate.hpp: fitting the planner's free constants to a
+// measured sweep (`cellshard plan --calibrate sweep.csv`, issue #10).
+//
+// Input: the CSV `cellshard sweep` writes (CLI.md): a header line naming the
+// columns model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,
+// tpot_ms_p99,tokens_per_s,comm_share,bytes_per_token (in any order; extra
+// columns ignored; lines starting with '#' skipped).
+//
+// Model: the planner's time per token is linear in four constants
+// (planner.hpp cost_terms):
+//   tpot = wire_s + compute_s x (1/eff) + messages x c_msg + syncs x c_sync + bytes x c_byte
+// where compute_s, messages, syncs and bytes come from the layout of the
+// row (its model, nodes, topology, batch, link) on the given hardware. The
+// fit minimises the sum of squared relative errors ((pred - meas) / meas)^2
+// subject to every constant >= 0 (non-negative least squares by trying every
+// subset of free constants; there are four). Constants whose feature is zero
+// in every row keep the base value: on in-process rows (link "none") the
+// per-byte term is zero, as messages are moved rather than serialised, so
+// byte_overhead_s is fitted only from rows with shaped links. Rows with
+// batch > 1 are left out: the runtime steps concurrent sessions one by one,
+// which is not the planner's batched step.
+//
+// Pure functions; thread-safe. Errors name the file, line and column.
+#pragma once
+
+#include "model/result.hpp"
+#include "topologies/planner.hpp"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cellshard::topologies {
+
+struct sweep_row {
+  int line = 0;  // 1-based line in the file
+  std::string model;
+  std::string topology;  // "pipeline", "tensor", "hybrid:2x2", ...
+  int nodes = 0;
+  int stages = 0;  // 0 = not given
+  int tp = 0;
+  std::string link;  // "" or "unlimited" = as the hardware's link; else BANDWIDTH:LATENCY
+  int batch = 1;
+  double ttft_ms = 0;
+  double tpot_ms_p50 = 0;
+  double tpot_ms_p99 = 0;
+  double tokens_per_s = 0;
+  double comm_share = 0;
+  double bytes_per_token = 0;
+};
+
+/// Parses the sweep CSV. Required columns: model, topology, nodes,
+/// tpot_ms_p50; the others default (batch 1). Errors: "sweep.csv line 4:
+/// column 'nodes': 'x' is not a number".
+result<std::vector<sweep_row>> parse_sweep_csv(const std::string& text, const std::string& name);
+
+struct calibration_point {
+  std::string model;
+  std::string topology;  // as planned (resolved)
+  int nodes = 0;
+  int batch = 1;
+  double measured_tpot_ms = 0;
+  double predicted_tpot_ms = 0;
+  double error = 0;  // (predicted - measured) / measured
+};
+
+struct calibration {
+  plan_assumptions fitted;  // base with the four constants replaced
+  std::vector<calibration_point> points;
+  double max_abs_error = 0;
+  double rms_error = 0;
+  std::vector<std::string> free;  // the constants the data could fit
+  int skipped = 0;                // rows left out (batch > 1)
+};
+
+/// The model of a row: a preset name, or a file name such as
+/// "stories260K.bin" (lower-cased, folder and extension dropped).
+using model_resolver = std::function<result<model_spec>(const std::string& row_model)>;
+/// The default resolver: find_model_preset on the row's model name, else
+/// `fallback` (the --model of the command) when given.
+model_resolver preset_resolver(const model_spec* fallback);
+
+/// Fits `base.assume`'s compute_efficiency, message_overhead_s,
+/// sync_overhead_s and byte_overhead_s to the rows. `base` gives the hardware
+/// (where the sweep ran), context and the other assumptions; each row gives
+/// model, nodes, topology, batch and link. Errors: no usable rows, a row whose
+/// topology or model the planner rejects (named by line).
+result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_request& base,
+                              const model_resolver& resolve);
+
+/// The plan request of one row on `base` (exposed for tests and the tool).
+result<plan_request> request_for_row(const sweep_row& row, const plan_request& base, const model_resolver& resolve);
+
+}  // namespace cellshard::topologies

@@ -1,0 +1,258 @@
+// topologies/planner.hpp: the inference bottleneck checklist of `cellshard
+// plan` (issue #10; CLI.md "plan"). Given a model (model_presets.hpp), a
+// node type (plan_hardware.hpp), a node count, a topology, a batch and a
+// context, it lays the model out on the nodes and runs six checks, each with
+// a number and a verdict:
+//   1. memory: weights + KV cache/state (context L, batch B) + buffers per node
+//      against the node's budget;
+//   2. per-node memory bandwidth: tokens/s bound = node bandwidth / bytes the
+//      busiest node reads per token;
+//   3. links: bytes per token on the busiest node's link against its bandwidth;
+//   4. the serial chain: hops x (latency + transfer) + compute = time per
+//      token; tokens/s with batching (micro-batches in flight);
+//   5. failures: failures/hour from the node failure rate, the chance a
+//      request of T tokens meets one (1 - exp(-lambda t)), goodput after
+//      detection and recovery;
+//   6. cost: power, energy per token, cost per million tokens (electricity +
+//      hardware amortisation), beside a GPU-server baseline (8x H200).
+// docs/planner.md states every formula with its source.
+//
+// Topologies:
+// - pipeline[:S], tensor[:T], hybrid:PxT: as the runtime places a model
+//   (topologies/placement.hpp): stages of whole layers, a TP group slicing
+//   heads and FFN units (and every expert), embedding on rank 0 of the first
+//   stage, classifier on rank 0 of the last, which returns the logits to the
+//   session. All-reduces are the runtime's direct exchange: every rank sends
+//   its partial dim-vector to each other rank.
+// - expert[:T] (planner only; mixtures of experts): every group of layers is a
+//   TP group of T nodes holding the attention, shared experts, router and
+//   latent projections; every routed expert lives whole on an expert node
+//   (experts spread evenly; whole copies repeated when nodes allow); a token
+//   visits its k experts of each MoE layer: dispatch from the TP ranks (each
+//   sends ceil(k/T) latent vectors), expert compute, combine back; the
+//   embedding table and the classifier are split by vocabulary rows over
+//   pools of nodes. Without T the planner searches layers-per-group and T for
+//   the lowest time per token that fits.
+//
+// Cost model of one step of a micro-batch of b sequences (cost_terms): a node
+// reads its weights once per step plus b x (KV cache + state) and does b x
+// FLOPs: time = max(bytes / (BW x eff), flops / (FLOP/s x eff)); a message
+// costs latency + bytes x 8 / (link x link_efficiency) on the wire plus a
+// software overhead per message, per all-reduce round and per byte (the free
+// parameters the calibration fits; see plan_calibrate.hpp).
+//
+// Pure functions over values, no CAF; thread-safe. Errors: result values
+// naming the flag or limit.
+#pragma once
+
+#include "model/result.hpp"
+#include "topologies/model_presets.hpp"
+#include "topologies/plan_hardware.hpp"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cellshard::topologies {
+
+enum class plan_kind { pipeline, tensor, hybrid, expert, count };
+static_assert(static_cast<int>(plan_kind::count) == 4, "update parse_plan_topology/to_string");
+
+/// `--topology` of plan. 0 = chosen by the planner.
+struct plan_topology {
+  plan_kind kind = plan_kind::pipeline;
+  int stages = 0;  // P (pipeline, hybrid)
+  int tp = 0;      // T (tensor, hybrid, expert: TP width of the dense groups)
+};
+/// "pipeline", "pipeline:S", "tensor", "tensor:T", "hybrid:PxT", "expert", "expert:T".
+result<plan_topology> parse_plan_topology(std::string_view text);
+std::string to_string(const plan_topology& t);
+
+/// Every constant the checks use that is not a property of the model or the
+/// node. Defaults cite their source; calibration replaces the first four.
+struct plan_assumptions {
+  /// Fraction of peak memory bandwidth and FLOP/s the kernels reach. Default
+  /// 1 (peak, an upper bound); `--calibrate` fits it.
+  double compute_efficiency = 1.0;
+  double message_overhead_s = 0;  // software cost per message on the critical path (calibrated)
+  double sync_overhead_s = 0;     // per all-reduce round (calibrated)
+  /// Per byte sent over a real link: serialisation. Default: the raw-blob
+  /// payload encoding measured by `bench cluster`, 4,460 MB/s serialise +
+  /// deserialise at 1M floats (docs/performance.md); calibrated when the sweep
+  /// has shaped links (in process, messages are moved, not serialised).
+  double byte_overhead_s = 1.0 / 4.46e9;
+  /// TCP payload / line rate: 941 Mbit/s on gigabit Ethernet at MTU 1500
+  /// (HARDWARE.md "Reference hardware", measured, itecnotes).
+  double link_efficiency = 0.941;
+  /// Detection of a silent node (a dead machine says nothing): measured
+  /// here, `cellshard run --nodes 3 --spares 1 --fault
+  /// silence:node=1:step=50` on stories260K: detect_ms 359, 369, 367; `bench
+  /// recovery` (docs/performance.md): 291-379 ms (phi accrual, 100 ms
+  /// heartbeats; DESIGN.md detection layer 2).
+  double detect_s = 0.365;
+  /// The runtime's own recovery (respawn, KV restore from checkpoint deltas,
+  /// re-send): `bench recovery`, pipeline, silence, K = 16: 1.17-1.42 ms
+  /// (docs/performance.md). The replay of lost positions and the reload of
+  /// weights are added by the planner for the model at hand.
+  double recover_s = 0.0012;
+  /// A replacement node fetches its weights over its link (no local copy):
+  /// reload = weight bytes / link. False: weights already on the spare.
+  bool reload_over_link = true;
+  int checkpoint_every = 16;     // positions between KV checkpoints (CLI.md default)
+  int request_tokens = 256;      // tokens of one request (run's -n default)
+  double electricity_usd_per_kwh = 0.12;  // HARDWARE.md assumptions
+  double amortisation_years = 3;          // HARDWARE.md assumptions
+  /// The last stage returns vocab f32 logits to the session, as the runtime
+  /// does (DESIGN.md data flow); false: it samples and returns a token id.
+  bool logits_to_session = true;
+};
+
+struct plan_request {
+  model_spec model;
+  hardware_spec hw;
+  int nodes = 1;
+  plan_topology topology;
+  int batch = 1;       // concurrent sequences
+  int context = 4096;  // positions of KV cache per sequence (and attention span per token)
+  plan_assumptions assume;
+};
+
+/// Time terms of a piece of work at unit overheads: seconds(a) =
+/// compute_s / eff + wire_s + messages x message_overhead + syncs x
+/// sync_overhead + bytes x byte_overhead. Linear in the calibrated parameters.
+struct cost_terms {
+  double compute_s = 0;  // at efficiency 1
+  double wire_s = 0;     // latency + transfer at the link's payload rate
+  double messages = 0;
+  double syncs = 0;
+  double bytes = 0;      // bytes serialised (0 on in-process links)
+  double hops = 0;       // transfers whose latency is on the path (not in seconds())
+  double seconds(const plan_assumptions& a) const;
+  cost_terms& operator+=(const cost_terms& o);
+};
+
+/// One station of the serial chain: a group of nodes that work on a token at
+/// the same time (a pipeline stage / TP group with its expert step, or a
+/// vocabulary pool).
+struct plan_group {
+  std::string role;      // "layers [0,1) TP 6", "embedding pool", "classifier"
+  int first_layer = 0;   // [first_layer, end_layer)
+  int end_layer = 0;
+  int tp = 1;            // nodes in the group
+  bool embedding = false;   // holds the embedding table (rank 0, or the pool)
+  bool classifier = false;  // holds the classifier (rank 0, or the pool)
+  bool experts_inside = false;  // routed experts sliced over the group's ranks (not expert topology)
+  // Per node, the busiest rank (bytes):
+  double weight_bytes = 0;
+  double cache_bytes = 0;   // KV cache + state for the whole batch
+  double buffer_bytes = 0;
+  double total_bytes() const { return weight_bytes + cache_bytes + buffer_bytes; }
+};
+
+struct plan_layout {
+  plan_topology topology;           // resolved (stages, tp filled in)
+  int layers_per_group = 1;
+  std::vector<plan_group> groups;   // chain order
+  // Expert topology: routed experts on their own nodes.
+  int expert_nodes = 0;
+  int experts_per_node = 0;
+  int expert_copies = 0;            // whole copies of every expert
+  double expert_node_bytes = 0;     // stored per expert node (weights + buffers)
+  int used_nodes = 0;
+  int spare_nodes = 0;
+};
+
+/// A verdict line of the checklist.
+struct plan_check {
+  int number = 0;
+  std::string name;     // "memory", "bandwidth", "links", "serial chain", "failures", "cost"
+  std::string value;    // the headline number with its unit
+  std::string verdict;  // "fits", "does not fit", "ok", "bottleneck", "warning"
+  std::string detail;   // the numbers behind it
+};
+
+struct plan_result {
+  plan_request request;
+  plan_layout layout;
+  // 1. memory
+  bool memory_fit = false;
+  double memory_per_node_bytes = 0;  // the busiest node
+  double memory_budget_bytes = 0;
+  std::string memory_busiest;        // its role
+  double model_bytes = 0;            // all weights
+  double cluster_memory_bytes = 0;   // nodes x budget
+  // 2. bandwidth
+  double read_bytes_per_token = 0;   // the busiest node, batch 1
+  double bandwidth_bound_tokens_per_s = 0;           // node BW x eff / that
+  double bandwidth_bound_sequence_tokens_per_s = 0;  // 1 / sum over the chain of read time
+  // 3. links
+  double link_bytes_per_token = 0;   // busiest node's link, max(sent, received)
+  std::string link_busiest;
+  double link_bound_tokens_per_s = 0;
+  double wire_bytes_per_token = 0;   // summed over all links
+  // 4. serial chain
+  int hops = 0;                      // messages in sequence per token (batch 1)
+  double chain_latency_s = 0;        // hops x latency
+  double chain_transfer_s = 0;       // bytes / link
+  double chain_compute_s = 0;        // compute (at efficiency)
+  double chain_overhead_s = 0;       // software overheads (calibrated)
+  double chain_s = 0;                // time per token, batch 1
+  int micro_batch = 1;               // sequences per station step at the requested batch
+  double per_token_latency_s = 0;    // time between two tokens of one sequence at the batch
+  double tokens_per_s = 0;
+  std::string throughput_limit;      // "serial chain", "busiest station", "links"
+  // 5. failures
+  double failures_per_hour = 0;      // over the used nodes
+  double request_seconds = 0;
+  double request_failure_probability = 0;
+  double downtime_per_failure_s = 0; // detection + recovery + reload + replay (node-weighted mean)
+  double goodput_tokens_per_s = 0;
+  double spares_last_hours = 0;      // spare nodes / failures per hour (inf: no failures)
+  // 6. cost
+  double power_w = 0;
+  double energy_per_token_j = 0;
+  double hardware_usd = 0;
+  double usd_per_hour = 0;           // electricity + amortisation
+  double cost_per_million_tokens_usd = 0;
+
+  std::vector<plan_check> checks;
+  std::vector<std::string> notes;
+};
+
+/// Lays the model out (does not reject layouts that overflow memory: check 1
+/// says so). Errors: a topology beyond the model's limits or the nodes.
+result<plan_layout> lay_out(const plan_request& r);
+
+/// Time terms of the serial chain and of its busiest station for micro-batch b.
+struct chain_costs {
+  cost_terms chain;         // one token's trip: every hop and station
+  cost_terms busiest;       // the station with the longest work (per step)
+  std::vector<cost_terms> station_work;  // per group: its work per step (compute, syncs, expert step)
+  std::vector<cost_terms> station_hop;   // per group: the hop into it (delay)
+  cost_terms return_hop;    // last group -> session
+  double read_bytes_busiest = 0;
+  double read_bytes_chain = 0;           // summed over the chain's stations (busiest rank each)
+};
+chain_costs chain_cost(const plan_request& r, const plan_layout& l, int micro_batch);
+
+/// The six checks. Errors as lay_out.
+result<plan_result> plan(const plan_request& r);
+
+/// The same model, batch and context on GPU servers of `hw` (pipeline over as
+/// many servers as memory needs, at most `max_servers`); default assumptions
+/// except electricity, amortisation and request length, taken from `r`.
+result<plan_result> plan_baseline(const plan_request& r, const hardware_spec& hw, int max_servers = 64);
+
+/// The checklist as text (one line per check, then notes).
+std::string to_text(const plan_result& p, const plan_result* baseline = nullptr);
+/// The JSON object of CLI.md "plan" (without "baseline"/"calibration").
+std::string to_json(const plan_result& p, int indent = -1);
+
+/// Expected distinct experts among b tokens each picking k of E (uniform):
+/// E x (1 - (1 - k/E)^b).
+double distinct_experts(int experts, int k, int b);
+/// Human-readable numbers: "1.56 TB", "245.1 MiB" (bytes), "3.4 ms".
+std::string human_seconds(double s);
+std::string human_si(double v, const std::string& unit);
+
+}  // namespace cellshard::topologies
