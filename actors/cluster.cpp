@@ -181,7 +181,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
 }
 
 uint64_t cluster::submit(model::generation_params params, token_callback on_token,
-                         done_callback on_done) {
+                         done_callback on_done, const request_options& extra) {
   auto& im = *impl_;
   const uint64_t id = im.next_id++;
   session_spec spec;
@@ -207,6 +207,9 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.step_timeout = im.opts.step_timeout;
   spec.step_timeout_min = im.opts.step_timeout_min;
   spec.corrupt_checkpoints_of = im.opts.corrupt_checkpoints_of;
+  spec.journal = extra.journal;
+  spec.resume_ids = extra.resume_ids;
+  spec.resume_rng = extra.resume_rng;
   if (on_token) spec.on_token = [id, on_token](int t, const std::string& p) { on_token(id, t, p); };
   impl* self = impl_.get();
   spec.on_done = [id, on_done, self](const session_outcome& o) {
@@ -235,11 +238,11 @@ void cluster::cancel(uint64_t request) {
 }
 
 result<session_outcome> cluster::generate(model::generation_params params, token_callback on_token,
-                                          std::chrono::milliseconds deadline) {
+                                          std::chrono::milliseconds deadline, const request_options& extra) {
   auto done = std::make_shared<std::promise<session_outcome>>();
   auto fut = done->get_future();
   const uint64_t id = submit(std::move(params), std::move(on_token),
-                             [done](uint64_t, const session_outcome& o) { done->set_value(o); });
+                             [done](uint64_t, const session_outcome& o) { done->set_value(o); }, extra);
   if (fut.wait_for(deadline) != std::future_status::ready) {
     cancel(id);
     return make_error("generation did not finish within " + std::to_string(deadline.count()) +

@@ -76,6 +76,13 @@ struct cluster_options {
 using token_callback = std::function<void(uint64_t request, int token, const std::string& piece)>;
 using done_callback = std::function<void(uint64_t request, const session_outcome& outcome)>;
 
+/// Per-request extras: a journal file, or the state of a killed run to resume.
+struct request_options {
+  std::string journal;          // append every token (JSON lines, flushed)
+  std::vector<int> resume_ids;  // ids already produced (BOS first)
+  uint64_t resume_rng = 0;      // sampler RNG state after the last of them
+};
+
 class cluster {
 public:
   /// Loads the model, places it (memory-fit check before anything is
@@ -86,12 +93,14 @@ public:
   cluster& operator=(const cluster&) = delete;
 
   /// Starts a request; returns its id at once. `params` are normalised as run.c does.
-  uint64_t submit(model::generation_params params, token_callback on_token, done_callback on_done);
+  uint64_t submit(model::generation_params params, token_callback on_token, done_callback on_done,
+                  const request_options& extra = {});
   /// Cancels a request: its session stops and every shard frees its KV cache.
   void cancel(uint64_t request);
   /// Runs one request to the end (or to `deadline`).
   result<session_outcome> generate(model::generation_params params, token_callback on_token = {},
-                                   std::chrono::milliseconds deadline = std::chrono::minutes(10));
+                                   std::chrono::milliseconds deadline = std::chrono::minutes(10),
+                                   const request_options& extra = {});
   /// Statistics of every shard, in placement order (waits at most `deadline`).
   result<std::vector<shard_stats>> stats(std::chrono::milliseconds deadline = std::chrono::seconds(10));
   /// Bytes in use on each node (weights + KV caches), by node index.

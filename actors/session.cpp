@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -43,6 +44,8 @@ struct session_state {
   bool recovering = false;
   recovery_record current;
   clock_type::time_point recovery_start;
+  std::FILE* journal = nullptr;
+  int quiet_until = 0;  // resumed: ids below this index were reported by the killed run
   static inline const char* name = "cellshard.session";
 };
 
@@ -71,6 +74,10 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
   for (auto& s : st.spec.shards)
     if (s) self->send(s, close_atom::value, st.spec.id);
   if (st.spec.coordinator) self->send(st.spec.coordinator, leave_atom::value, caf::actor{self});
+  if (st.journal) {
+    std::fclose(st.journal);
+    st.journal = nullptr;
+  }
   if (st.spec.on_done) st.spec.on_done(st.out);
   self->quit();
 }
@@ -94,17 +101,26 @@ void send_step(session_actor* self) {
   self->delayed_send(self, deadline_of(st, st.inflight.size() > 1), timeout_atom::value, seq);
 }
 
+void journal_token(session_state& st, int pos, int token) {
+  if (!st.journal) return;
+  std::fprintf(st.journal, "{\"pos\": %d, \"token\": %d, \"rng\": %llu}\n", pos, token,
+               static_cast<unsigned long long>(st.smp->rng_state()));
+  std::fflush(st.journal);
+}
+
 void emit(session_actor* self, int next) {
   auto& st = self->state;
   auto& r = st.out.result;
   r.ids.push_back(next);
+  const bool resumed = static_cast<int>(r.ids.size()) <= st.quiet_until;
+  if (!resumed) journal_token(st, static_cast<int>(r.ids.size()) - 1, next);
   const auto now = clock_type::now();
   if (r.ids.size() > 2) r.step_ms.push_back(std::chrono::duration<double, std::milli>(now - st.last).count());
   st.last = now;
   if (next == model::bos_id) return;
   const std::string piece = st.spec.tok->decode(st.token, next);
   r.text += piece;
-  if (st.spec.on_token) st.spec.on_token(next, piece);
+  if (st.spec.on_token && !resumed) st.spec.on_token(next, piece);
   st.token = next;
   if (!st.have_first) {
     st.have_first = true;
@@ -244,6 +260,25 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
   if (st.spec.coordinator) self->send(st.spec.coordinator, join_atom::value, caf::actor{self});
   st.prompt = st.spec.tok->encode(st.spec.params.prompt, true, false);
   st.smp = std::make_unique<model::sampler>(st.spec.vocab_size, st.spec.params.sampling);
+  if (!st.spec.resume_ids.empty()) {
+    // Everything the killed run produced is teacher-forced like a prompt.
+    st.prompt = st.spec.resume_ids;
+    st.smp->set_rng_state(st.spec.resume_rng);
+    st.quiet_until = static_cast<int>(st.spec.resume_ids.size());
+  }
+  if (!st.spec.journal.empty()) {
+    st.journal = std::fopen(st.spec.journal.c_str(), st.spec.resume_ids.empty() ? "w" : "a");
+    if (st.journal && st.spec.resume_ids.empty()) {
+      std::fprintf(st.journal,
+                   "{\"journal\": 1, \"steps\": %d, \"temperature\": %.9g, \"topp\": %.9g, \"seed\": %llu, "
+                   "\"prompt_tokens\": [",
+                   st.spec.params.steps, st.spec.params.sampling.temperature, st.spec.params.sampling.topp,
+                   static_cast<unsigned long long>(st.spec.params.sampling.seed));
+      for (size_t i = 0; i < st.prompt.size(); ++i) std::fprintf(st.journal, "%s%d", i ? ", " : "", st.prompt[i]);
+      std::fprintf(st.journal, "]}\n");
+      std::fflush(st.journal);
+    }
+  }
   st.out.result.prompt_tokens = static_cast<int>(st.prompt.size());
   st.t0 = st.last = clock_type::now();
   st.token = st.prompt[0];

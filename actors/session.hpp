@@ -60,6 +60,15 @@ struct session_spec {
   /// times (10 x the moving average, within [floor, step_timeout]).
   std::chrono::milliseconds step_timeout_min{2000};
   int max_retries = 2;              // re-sends of a step whose deadline passed
+  /// Journal (issue #7): when set, every token is appended to this file as
+  /// it comes (one JSON line, flushed) with the sampler's RNG state after it,
+  /// after a first line holding the sampling parameters and the prompt.
+  std::string journal;
+  /// Resume: the ids a killed front end already produced (BOS first) and the
+  /// RNG state after the last of them. They are prefilled like a prompt (not
+  /// reported again) and generation continues from there.
+  std::vector<int> resume_ids;
+  uint64_t resume_rng = 0;
   /// Test hook: flip a byte in every checkpoint archive of this placement
   /// index (-1: none), to show that a corrupt checkpoint is detected.
   int corrupt_checkpoints_of = -1;

@@ -21,6 +21,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <sstream>
 
 namespace cellshard::tools {
 
@@ -48,6 +49,7 @@ struct run_opts {
   std::string link;
   int batch = 1;
   bool demo = false;  // `run` without -m and without nodes: the demo
+  std::string journal, resume;  // issue #7
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
   std::string cluster, tls_cert, tls_key, tls_ca;
 };
@@ -240,18 +242,54 @@ int do_run(const run_opts& o) {
                        m.target_latency_us);
       }
     }
+    actors::request_options extra;
+    extra.journal = o.journal;
+    if (!o.resume.empty()) {
+      // The journal of a killed run: its parameters, then one line per token.
+      std::istringstream in(read_text(o.resume));
+      std::string line;
+      int n = 0;
+      bool header = false;
+      while (std::getline(in, line)) {
+        ++n;
+        if (line.empty()) continue;
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const std::exception& e) {
+          if (in.peek() == EOF) break;  // a last line cut by the kill: ignore it
+          throw cli_error(o.resume + ": line " + std::to_string(n) + ": not JSON: " + e.what());
+        }
+        if (j.contains("journal")) {
+          header = true;
+          gp.steps = j.at("steps");
+          gp.sampling.temperature = j.at("temperature");
+          gp.sampling.topp = j.at("topp");
+          gp.sampling.seed = j.at("seed");
+          extra.resume_rng = gp.sampling.seed;
+          extra.resume_ids = {j.at("prompt_tokens").at(0).get<int>()};
+        } else if (header && j.contains("token")) {
+          extra.resume_ids.push_back(j.at("token"));
+          extra.resume_rng = j.at("rng");
+        }
+      }
+      if (!header) throw cli_error(o.resume + ": not a cellshard journal (no header line)");
+      if (extra.journal.empty()) extra.journal = o.resume;  // keep journaling where it was
+      std::fprintf(stderr, "resuming %s: %zu ids already produced\n", o.resume.c_str(), extra.resume_ids.size());
+    }
     // --batch B: B identical requests at once; the first one's text is printed.
     const auto wall0 = std::chrono::steady_clock::now();
-    std::vector<std::shared_ptr<std::promise<actors::session_outcome>>> extra;
+    std::vector<std::shared_ptr<std::promise<actors::session_outcome>>> batched;
     for (int b = 1; b < std::max(1, o.batch); ++b) {
       auto p = std::make_shared<std::promise<actors::session_outcome>>();
-      extra.push_back(p);
+      batched.push_back(p);
       (*c)->submit(gp, {}, [p](uint64_t, const actors::session_outcome& so) { p->set_value(so); });
     }
-    auto out = (*c)->generate(gp, [&](uint64_t, int, const std::string& piece) { print_piece(piece); });
+    auto out = (*c)->generate(gp, [&](uint64_t, int, const std::string& piece) { print_piece(piece); },
+                              std::chrono::minutes(10), extra);
     if (!out) throw cli_error(out.message());
     int batch_tokens = out->ok ? static_cast<int>(out->result.ids.size()) - 1 : 0;
-    for (auto& p : extra) {
+    for (auto& p : batched) {
       auto f = p->get_future();
       if (f.wait_for(std::chrono::minutes(10)) != std::future_status::ready)
         throw cli_error("a batched request did not finish within 10 minutes");
@@ -376,6 +414,12 @@ int do_run(const run_opts& o) {
     j["links"] = links_json;
     j["faults"] = faults_json;
     j["ids"] = res->ids;
+    // When each generated token arrived, ms since the start (for timelines).
+    nlohmann::json times = nlohmann::json::array();
+    double t = res->ttft_ms;
+    times.push_back(t);
+    for (double d : res->step_ms) times.push_back(t += d);
+    j["token_times_ms"] = times;
     if (!o.expect_ids.empty()) j["diverged"] = diverged;
     write_text(o.json_out, j.dump(2) + "\n");
   }
@@ -429,7 +473,11 @@ void add_run(CLI::App& app, int& status) {
           ->group(g),
       cmd->add_option("--link", o->link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
           ->group(g),
-      cmd->add_option("--batch", o->batch, "concurrent identical requests; tokens/s is their aggregate")->group(g)};
+      cmd->add_option("--batch", o->batch, "concurrent identical requests; tokens/s is their aggregate")->group(g),
+      cmd->add_option("--journal", o->journal,
+                      "record the token log, RNG state and sampling parameters to FILE as the run goes")->group(g),
+      cmd->add_option("--resume", o->resume, "continue the run journaled in FILE (same model and nodes)")
+          ->group(g)};
   auto* d = "Nodes (daemons)";
   auto* cluster_opt = cmd->add_option("--cluster", o->cluster,
                                       "node daemons: JSON {\"nodes\": [{\"host\", \"port\", \"profile\", "

@@ -55,7 +55,7 @@ void progress(int done, int total, const std::string& what) {
 void plot(const std::string& dir, const std::string& name, const std::string& title, const std::string& ylabel,
           int ycol, const std::vector<std::string>& series, bool logy) {
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,560\nset output '" << dir << "/" << name << ".png'\n"
+  gp << "set terminal pngcairo size 900,560 noenhanced\nset output '" << dir << "/" << name << ".png'\n"
      << "set datafile separator ','\nset key outside right\nset grid\nset logscale x 2\n"
      << (logy ? "set logscale y\n" : "") << "set title '" << title << "'\nset xlabel 'nodes'\nset ylabel '"
      << ylabel << "'\nplot ";

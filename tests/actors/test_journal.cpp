@@ -1,0 +1,83 @@
+// Session journal and resume (issue #7): a front end killed mid-generation
+// (SIGKILL, paced with a `slow` fault so that "mid-generation" is certain)
+// is resumed from its journal and produces the same remaining tokens.
+#include "tests/support.hpp"
+
+#include <csignal>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+
+using namespace cellshard;
+
+namespace {
+/// Starts argv with stdout on a pipe; returns the pid and the read end.
+std::pair<pid_t, int> spawn(const std::vector<std::string>& args) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 2);
+    ::close(fds[0]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+/// Reads until `bytes` bytes of output arrived (or the deadline passed).
+std::string read_at_least(int fd, size_t bytes, std::chrono::seconds deadline) {
+  std::string out;
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  char buf[4096];
+  while (out.size() < bytes && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a killed front end resumed from its journal reproduces the fixture", "[journal]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("journal");
+  const std::string journal = dir + "/run.jsonl";
+  const std::string m = test::shared_file("models/stories260K.bin");
+  const std::string z = test::shared_file("models/tok512.bin");
+  const std::string fixture = "topp_t1.0_p0.9_s133742_n256";
+  // 20 ms per step on node 1 from position 0 on: the run takes ~5 s.
+  auto [pid, fd] = spawn({test::cellshard_bin(), "run", "-m", m, "-z", z, "-t", "1.0", "-p", "0.9", "-s", "133742",
+                          "-n", "256", "--nodes", "2", "--fault", "slow:node=1:step=0:ms=20",
+                          "--journal", journal});
+  // Wait for ~60 tokens of text on stdout, then kill the front end.
+  const std::string seen = read_at_least(fd, 250, std::chrono::seconds(60));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(fd);
+  REQUIRE(seen.size() >= 250);
+  CHECK(WIFSIGNALED(status));
+  const std::string text = test::read_file(test::shared_file("fixtures/" + fixture + ".txt"));
+  CHECK(text.substr(0, seen.size()) == seen);  // what it printed so far was right
+
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "--nodes", "2", "--resume", journal,
+                              "--expect-ids", test::shared_file("fixtures/" + fixture + ".ids")});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("resuming"));
+  // The resumed run printed exactly the rest of the text.
+  REQUIRE(r.out.size() < text.size());
+  CHECK(text.substr(text.size() - r.out.size()) == r.out);
+}
