@@ -125,6 +125,13 @@ result<std::shared_ptr<remote_host>> remote_host::from_file(const std::string& p
   return std::make_shared<remote_host>(std::move(*nodes), std::move(opts));
 }
 
+remote_host::~remote_host() {
+  // shutdown() was not called (a cluster whose start failed destroys its actor
+  // system first): releasing the handle now would run the actor's cleanup on a
+  // dead system, so it is left to the end of the process.
+  if (owner_) new caf::actor(std::move(owner_));  // NOLINT: deliberate leak
+}
+
 std::vector<topologies::node_spec> remote_host::nodes() const { return specs_; }
 
 result<void> remote_host::configure(caf::actor_system_config& cfg) {
@@ -138,7 +145,7 @@ std::string remote_host::describe(int node) const {
 
 caf::actor remote_host::daemon(int node) const {
   if (node < 0 || node >= static_cast<int>(daemons_.size())) return {};
-  return daemons_[node];
+  return caf::actor_cast<caf::actor>(daemons_[node]);
 }
 
 result<void> remote_host::connect(caf::actor_system& sys, const model::model_file& file,
@@ -157,7 +164,9 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   // 1. Connections, all at once: the wait is one deadline, not n. A TLS
   // handshake that stalls (caf-openssl, see dial_next in actors/daemon.cpp)
   // is retried while the deadline allows; a frozen node fails every attempt.
-  daemons_.assign(n, caf::actor{});
+  // Strong handles only while connecting: afterwards this host keeps weak
+  // ones (see remote.hpp), so that it may outlive the actor system.
+  std::vector<caf::actor> d(n);
   {
     using clk = std::chrono::steady_clock;
     auto mm = connector(sys, tls);
@@ -179,7 +188,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
         const size_t i = todo[k];
         pending[k].receive(
             [&](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
-              if (ptr) daemons_[i] = caf::actor_cast<caf::actor>(ptr);
+              if (ptr) d[i] = caf::actor_cast<caf::actor>(ptr);
               else errs[i] = "no cellshard node daemon published there";
             },
             [&](caf::error& e) {
@@ -200,7 +209,8 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   }
 
   // 2. Join with the cluster fingerprint.
-  owner_ = sys.spawn<caf::hidden>(owner_behavior);
+  caf::actor owner = sys.spawn<caf::hidden>(owner_behavior);
+  auto stop_owner = [&] { self->send_exit(owner, caf::exit_reason::user_shutdown); };
   cluster_fingerprint fp;
   fp.model_name = base_name(file.path());
   fp.model_digest = file.digest();
@@ -210,7 +220,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
     std::vector<node_joined> replies(n);
     std::vector<std::string> errs(n);
     auto send = [&](size_t i) {
-      return self->request(daemons_[i], opts_.request_timeout, node_join{fp, static_cast<int32_t>(i), owner_});
+      return self->request(d[i], opts_.request_timeout, node_join{fp, static_cast<int32_t>(i), owner});
     };
     std::vector<decltype(send(0))> pending;
     for (size_t i = 0; i < n; ++i) pending.push_back(send(i));
@@ -246,7 +256,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
       }
     }
     if (!errors.empty()) {
-      self->send_exit(owner_, caf::exit_reason::user_shutdown);
+      stop_owner();
       return make_error(errors);
     }
   }
@@ -261,7 +271,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
         p.ports.push_back(entries_[j].port);
       }
       // The daemon's own peer deadline comes first; ours covers a silent daemon.
-      return self->request(daemons_[i], opts_.connect_timeout * 2, std::move(p));
+      return self->request(d[i], opts_.connect_timeout * 2, std::move(p));
     };
     // With TLS one daemon at a time (see dial_next in actors/daemon.cpp).
     std::vector<decltype(send(0))> pending;
@@ -281,10 +291,13 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
           });
     }
     if (!errors.empty()) {
-      self->send_exit(owner_, caf::exit_reason::user_shutdown);
+      stop_owner();
       return make_error(errors);
     }
   }
+  daemons_.clear();
+  for (auto& a : d) daemons_.push_back(a.address());
+  owner_ = std::move(owner);
   return {};
 }
 
@@ -292,8 +305,8 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   if (!req.placed) return make_error("spawn without a placed shard");
   const auto& p = *req.placed;
   const int node = p.node;
-  if (node < 0 || node >= static_cast<int>(daemons_.size()) || !daemons_[node])
-    return make_error(describe(node) + ": not connected");
+  caf::actor target = daemon(node);
+  if (!target || !owner_) return make_error(describe(node) + ": not connected");
   if (req.faults)
     return make_error("fault injection runs in process only; it is not supported over node daemons yet");
   shard_spawn s;
@@ -320,7 +333,7 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.coordinator = req.coordinator;
   caf::scoped_actor self{sys};
   result<caf::actor> out = make_error(describe(node) + ": no reply");
-  self->request(daemons_[node], opts_.request_timeout, std::move(s))
+  self->request(target, opts_.request_timeout, std::move(s))
       .receive(
           [&](shard_spawned& r) {
             if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
@@ -339,12 +352,12 @@ std::vector<uint64_t> remote_host::node_memory() const {
   if (!sys_) return out;
   caf::scoped_actor self{*sys_};
   auto send = [&](size_t i) {
-    return self->request(daemons_[i], std::chrono::seconds(2), stats_atom::value);
+    return self->request(daemon(static_cast<int>(i)), std::chrono::seconds(2), stats_atom::value);
   };
   std::vector<decltype(send(0))> pending;
   std::vector<size_t> which;
   for (size_t i = 0; i < daemons_.size(); ++i)
-    if (daemons_[i]) {
+    if (daemon(static_cast<int>(i))) {
       pending.push_back(send(i));
       which.push_back(i);
     }

@@ -68,6 +68,7 @@ result<std::vector<remote_node>> parse_cluster_json(const std::string& text, con
 class remote_host : public shard_host {
 public:
   remote_host(std::vector<remote_node> nodes, remote_options opts);
+  ~remote_host() override;
   /// Reads and parses the cluster file and checks the TLS files.
   static result<std::shared_ptr<remote_host>> from_file(const std::string& path, remote_options opts);
 
@@ -90,7 +91,12 @@ private:
   std::vector<remote_node> entries_;
   remote_options opts_;
   std::vector<topologies::node_spec> specs_;
-  std::vector<caf::actor> daemons_;
+  // A cluster whose start fails destroys its actor system without calling
+  // shutdown(), and a strong handle released after that would touch a dead
+  // system: the daemons are held weakly (their proxies live in the
+  // middleman's proxy registry), the owner strongly until shutdown() (else
+  // the destructor leaves it to the end of the process).
+  std::vector<caf::actor_addr> daemons_;
   caf::actor owner_;
   caf::actor_system* sys_ = nullptr;
 };

@@ -106,3 +106,22 @@ TEST_CASE("an unreachable or frozen daemon at start-up is a clear error within t
     CHECK_THAT(r.err, !Catch::Contains(good.address()));
   }
 }
+
+TEST_CASE("a daemon refuses a slice beyond its own memory budget, naming the node", "[net][memory]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("net-memory");
+  test::daemon_process small(dir, {"--models", test::shared_file("models"), "--memory", "300KiB"});
+  test::daemon_process big(dir, {"--models", test::shared_file("models")});
+  REQUIRE(small.ok());
+  REQUIRE(big.ok());
+  // The cluster file claims the default (host) budget; the daemon knows better.
+  auto r = run_on(test::write_cluster_file(dir + "/m.json", {small.port(), big.port()}));
+  INFO(r.err);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("node 0 (" + small.address() + ")") && Catch::Contains("out of memory") &&
+                        Catch::Contains("300 KiB"));
+  // Its front end gone, the daemon serves the next one.
+  auto ok = run_on(test::write_cluster_file(dir + "/b.json", {big.port()}));
+  INFO(ok.err);
+  CHECK(ok.status == 0);
+}
