@@ -11,7 +11,7 @@ pkgs=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libbenchmark-dev               # micro-benchmarks
   gnuplot-nox                    # plots
-  iproute2                       # network-namespace lab (ip netns, tc)
+  iproute2 iperf3                # network-namespace lab (ip netns, tc) and its shaping check
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The weak-node lab: N network namespaces joined by veth pairs and a bridge on
+# a private subnet used only inside them (10.231.0.0/24), each node's link
+# shaped with tc tbf (netem is not available on these machines), a cellshard
+# node daemon in every namespace, and the front end on the bridge.
+#
+#   scripts/lab.sh up N [--rate 1gbit] [--profile ps3]   create, start the daemons, verify the shaping
+#   scripts/lab.sh run [run's flags...]                   cellshard run --cluster <the lab's cluster.json> ...
+#   scripts/lab.sh status                                 what is up
+#   scripts/lab.sh down                                   remove everything (idempotent)
+#
+# Needs root (ip netns, tc) and iperf3 (scripts/install-deps.sh). The shaping
+# is measured with a bounded iperf3 transfer before `up` returns, and `up`
+# fails when the measured rate is more than 10% off. An interrupted `up`
+# tears down what it made. State lives in $CELLSHARD_LAB (default /tmp/cellshard-lab).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BIN=${CELLSHARD_BIN:-$ROOT/build/tools/cellshard}
+LAB=${CELLSHARD_LAB:-/tmp/cellshard-lab}
+MODELS=${CELLSHARD_MODELS:-$ROOT/../shared/models}
+PREFIX=cslab
+BRIDGE=${PREFIX}-br
+SUBNET=10.231.0
+PORT=7000
+
+die() { echo "lab.sh: $*" >&2; exit 1; }
+
+down() {
+  if [ -f "$LAB/pids" ]; then
+    while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$LAB/pids"
+  fi
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}-" || true); do
+    # Anything still running inside the namespace goes with it.
+    for pid in $(ip netns pids "$ns" 2>/dev/null || true); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^${PREFIX}-" || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+  rm -rf "$LAB"
+}
+
+up() {
+  local n=$1; shift
+  local rate=1gbit profile=host
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --rate) rate=$2; shift 2 ;;
+      --profile) profile=$2; shift 2 ;;
+      *) die "up: unknown option $1" ;;
+    esac
+  done
+  [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 64 ] || die "up: N must be 2..64"
+  [ "$(id -u)" -eq 0 ] || die "needs root (ip netns, tc)"
+  command -v iperf3 >/dev/null || die "needs iperf3 (scripts/install-deps.sh)"
+  [ -x "$BIN" ] || die "no cellshard binary at $BIN (scripts/build.sh)"
+  [ -f "$MODELS/stories260K.bin" ] || die "no model files in $MODELS (set CELLSHARD_MODELS)"
+  down
+  mkdir -p "$LAB"
+  trap 'echo "lab.sh: interrupted, tearing down" >&2; down; exit 130' INT TERM
+  trap 'rc=$?; if [ $rc -ne 0 ]; then down; fi' EXIT
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for ((i = 0; i < n; i++)); do
+    local ns=$PREFIX-$i host=$PREFIX-v$i peer=$PREFIX-p$i ip=$SUBNET.$((10 + i))
+    ip netns add "$ns"
+    ip link add "$host" type veth peer name "$peer"
+    ip link set "$peer" netns "$ns"
+    ip link set "$host" master "$BRIDGE"
+    ip link set "$host" up
+    ip netns exec "$ns" ip link set lo up
+    ip netns exec "$ns" ip addr add "$ip/24" dev "$peer"
+    ip netns exec "$ns" ip link set "$peer" up
+    # The node's outgoing link, and the bridge's link towards the node.
+    ip netns exec "$ns" tc qdisc add dev "$peer" root tbf rate "$rate" burst 64kb latency 50ms
+    tc qdisc add dev "$host" root tbf rate "$rate" burst 64kb latency 50ms
+  done
+  # Verify the shaping before anything else: a bounded transfer node 1 -> node 0
+  # (2 s; up to 3 attempts, since the machine may be busy).
+  local target
+  target=$(echo "$rate" | awk '{v=$1+0; u=tolower($1); if (u ~ /gbit/) v*=1e9; else if (u ~ /mbit/) v*=1e6; else if (u ~ /kbit/) v*=1e3; print v}')
+  local measured="" ok=0
+  for attempt in 1 2 3; do
+    ip netns exec "$PREFIX-0" iperf3 -s -1 -B "$SUBNET.10" -p 5201 >/dev/null 2>&1 &
+    local srv=$!
+    measured=""
+    for _ in $(seq 1 50); do  # wait for the server, at most 5 s
+      if ip netns exec "$PREFIX-1" iperf3 -c "$SUBNET.10" -p 5201 -t 2 -J > "$LAB/iperf.json" 2>/dev/null; then
+        measured=$(grep -m1 -A8 '"sum_received"' "$LAB/iperf.json" | grep bits_per_second | tr -dc '0-9.')
+        break
+      fi
+      sleep 0.1
+    done
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+    [ -n "$measured" ] || continue
+    echo "link check: measured $(awk -v m="$measured" 'BEGIN{printf "%.1f", m/1e6}') Mbit/s, target $(awk -v t="$target" 'BEGIN{printf "%.1f", t/1e6}') Mbit/s (attempt $attempt)"
+    if awk -v m="$measured" -v t="$target" 'BEGIN{d=m/t-1; if (d<0) d=-d; exit (d>0.1)}'; then ok=1; break; fi
+  done
+  [ -n "$measured" ] || die "could not measure the link (iperf3 between $PREFIX-1 and $PREFIX-0 failed)"
+  [ "$ok" -eq 1 ] || die "the shaped rate is more than 10% off its target: the limit is not in effect"
+  echo "$measured" > "$LAB/measured_bps"
+  # A node daemon in every namespace.
+  : > "$LAB/pids"
+  local json='{"nodes": ['
+  for ((i = 0; i < n; i++)); do
+    local ns=$PREFIX-$i ip=$SUBNET.$((10 + i))
+    ip netns exec "$ns" "$BIN" node --listen "$ip:$PORT" --profile "$profile" --models "$MODELS" -q \
+      > "$LAB/node$i.out" 2> "$LAB/node$i.err" &
+    echo $! >> "$LAB/pids"
+    if [ "$i" -gt 0 ]; then json+=', '; fi
+    json+="{\"host\": \"$ip\", \"port\": $PORT, \"profile\": \"$profile\"}"
+  done
+  json+=']}'
+  for ((i = 0; i < n; i++)); do  # each daemon says `listening` first; wait at most 10 s
+    for _ in $(seq 1 100); do grep -q '^listening' "$LAB/node$i.out" 2>/dev/null && break; sleep 0.1; done
+    grep -q '^listening' "$LAB/node$i.out" || die "node $i did not start: $(cat "$LAB/node$i.err")"
+  done
+  echo "$json" > "$LAB/cluster.json"
+  echo "$n" > "$LAB/nodes"
+  trap - INT TERM EXIT
+  echo "lab up: $n nodes on $SUBNET.0/24 at $rate; cluster file $LAB/cluster.json"
+}
+
+case ${1:-} in
+  up) shift; [ $# -ge 1 ] || die "usage: lab.sh up N [--rate R] [--profile P]"; up "$@" ;;
+  run) shift; [ -f "$LAB/cluster.json" ] || die "the lab is not up (lab.sh up N)"; exec "$BIN" run --cluster "$LAB/cluster.json" "$@" ;;
+  status)
+    ip netns list | grep "^$PREFIX-" || echo "no lab namespaces"
+    [ -f "$LAB/cluster.json" ] && cat "$LAB/cluster.json" || true ;;
+  down) down; echo "lab down" ;;
+  *) echo "usage: lab.sh up N [--rate R] [--profile P] | run ARGS | status | down" >&2; exit 2 ;;
+esac

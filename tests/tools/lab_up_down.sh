@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# lab.sh up 2 then down: the daemons run in their namespaces, the shaping is
+# verified, and afterwards no namespace, link or daemon is left. Skipped (77)
+# where namespaces cannot be created (not root), except that CI runs as root.
+set -u
+src=$1 bin=$2 shared=$3
+export CELLSHARD_BIN=$bin CELLSHARD_MODELS=$shared/models CELLSHARD_LAB=$(mktemp -d)/lab
+if ! ip netns add cslab-probe 2>/dev/null; then
+  echo "skipped: cannot create network namespaces here (needs root)"; exit 77
+fi
+ip netns del cslab-probe
+if [ ! -f "$shared/models/stories260K.bin" ]; then
+  if [ -n "${CI:-}" ]; then echo "FAIL: ../shared is missing and CI is set"; exit 1; fi
+  echo "skipped: ../shared/models not found"; exit 77
+fi
+fail() { echo "FAIL: $*"; bash "$src/scripts/lab.sh" down >/dev/null 2>&1; exit 1; }
+out=$(bash "$src/scripts/lab.sh" up 2 --rate 100mbit 2>&1) || fail "up failed: $out"
+echo "$out"
+echo "$out" | grep -q "link check: measured" || fail "no measured link check"
+[ "$(ip netns list | grep -c '^cslab-')" -eq 2 ] || fail "expected 2 namespaces"
+[ "$(ip netns pids cslab-0 | wc -l)" -ge 1 ] || fail "no daemon in cslab-0"
+bash "$src/scripts/lab.sh" down || fail "down failed"
+left_ns=$(ip netns list | grep -c '^cslab-' || true)
+left_links=$(ip -o link show | grep -c 'cslab-' || true)
+left_procs=$(pgrep -f "node --listen 10.231.0." | wc -l)
+[ "$left_ns" -eq 0 ] || fail "$left_ns namespaces left"
+[ "$left_links" -eq 0 ] || fail "$left_links links left"
+[ "$left_procs" -eq 0 ] || fail "$left_procs daemons left"
+echo "lab up/down: nothing left behind"
