@@ -8,5 +8,6 @@ void add_commands(CLI::App& app, int& status) {
   add_chaos(app, status);
   add_sweep(app, status);
   add_node(app, status);
+  add_plan(app, status);
 }
 }  // namespace cellshard::tools

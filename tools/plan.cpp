@@ -35,7 +35,7 @@ struct plan_opts {
   double electricity = -1, amortisation = -1, price = -1, failures = -1, detect_ms = -1, recover_ms = -1;
   double efficiency = -1, link_efficiency = -1;
   int request_tokens = -1, checkpoint_every = -1;
-  bool no_reload = false, sample_last = false;
+  bool no_reload = false, sample_last = false, peer_forwarding = false;
   // Simulation.
   bool simulate = false;
   double sim_hours = 1, sim_rate = 0, sim_failure_scale = 1;
@@ -47,26 +47,22 @@ bool is_file(const std::string& s) {
   return f.good() && s.find(".json") != std::string::npos;
 }
 
-// Single-thread read bandwidth of this machine: the best of 5 sums over
-// 128 MiB (a "host" preset is measured on the spot, issue #10).
+// Single-thread read bandwidth of this machine: the best of 5 passes summing
+// 128 MiB as 64-bit integers (integer sums vectorise without reordering
+// concerns; a "host" preset is measured on the spot, issue #10).
 double measure_host_gbs() {
-  const size_t n = (128u << 20) / sizeof(float);
-  std::vector<float> buf(n);
-  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 1023) * 1e-3f;
+  const size_t n = (128u << 20) / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = i * 2654435761u;
   double best = 0;
-  volatile float sink = 0;
+  volatile uint64_t sink = 0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    for (size_t i = 0; i + 4 <= n; i += 4) {
-      a0 += buf[i];
-      a1 += buf[i + 1];
-      a2 += buf[i + 2];
-      a3 += buf[i + 3];
-    }
-    sink = sink + a0 + a1 + a2 + a3;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < n; ++i) acc += buf[i];
+    sink = sink + acc;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
+    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
   }
   return best;
 }
@@ -131,6 +127,7 @@ plan_request build_request(const plan_opts& o) {
   if (o.checkpoint_every > 0) a.checkpoint_every = o.checkpoint_every;
   a.reload_over_link = !o.no_reload;
   a.logits_to_session = !o.sample_last;
+  a.peer_forwarding = o.peer_forwarding;
   return r;
 }
 
@@ -212,7 +209,8 @@ row_result try_plan(const plan_request& r) {
 }
 
 std::string report_text(const plan_opts& o, const plan_result& p, const plan_result* base,
-                        const calibration* cal, const sim_result* sim, double sim_wall) {
+                        const calibration* cal, const sim_result* sim, double sim_wall, const sim_result* stress,
+                        double stress_wall) {
   const plan_request& r = p.request;
   std::ostringstream md;
   const double mw = p.power_w / 1e6;
@@ -238,7 +236,7 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
   md << "| throughput | " << rate(p.tokens_per_s) << " tokens/s at batch " << r.batch << " ("
      << human_seconds(p.per_token_latency_s) << " between a sequence's tokens), limited by the "
      << p.throughput_limit << " |\n";
-  md << "| links | busiest link carries " << f("%.3g", p.link_bytes_per_token / 1e3) << " kB per token ("
+  md << "| links | busiest link carries " << f("%.3g", p.link_bytes_per_token / 1e6) << " MB per token ("
      << p.link_busiest << "): at most " << rate(p.link_bound_tokens_per_s) << " tokens/s |\n";
   md << "| failures | " << f("%.3g", p.failures_per_hour) << " per hour over " << p.layout.used_nodes
      << " used nodes; a request of " << r.assume.request_tokens << " tokens (" << human_seconds(p.request_seconds)
@@ -256,7 +254,7 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
        << rate(base->tokens_per_s) << " tokens/s at batch " << base->request.batch << ", "
        << f("%.3g", base->power_w / 1e3) << " kW, " << money(base->cost_per_million_tokens_usd)
        << " per million tokens: the PS3s cost " << f("%.3g", p.cost_per_million_tokens_usd / base->cost_per_million_tokens_usd)
-       << " x as much per token and draw " << f("%.3g", p.power_w / base->power_w) << " x the power |\n";
+       << " x as much per token and draw " << f("%.0f", p.power_w / base->power_w) << " x the power |\n";
   }
   md << "\n## The six checks\n\n```\n" << to_text(p, base) << "```\n\n";
 
@@ -325,6 +323,26 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
        << "| requests that met a failure | " << f("%.3g", sim->request_failure_fraction) << " of "
        << sim->requests_done << " | p = " << f("%.3g", p.request_failure_probability) << " |\n\n";
   }
+  if (stress) {
+    // The closed form at 100x the failure rate, for comparison.
+    plan_request q = r;
+    q.hw.failures_per_year *= 100;
+    const row_result x = try_plan(q);
+    md << "The same simulation with every node failing 100 times as often (" << f("%.3g", r.hw.failures_per_year * 100)
+       << " per node-year; " << f("%.3g", stress->simulated_s / 3600) << " simulated hours, " << stress->events
+       << " events, " << f("%.2f", stress_wall) << " s):\n\n"
+       << "| measure | simulated | closed form |\n|---|---|---|\n"
+       << "| failures | " << stress->failures << " | "
+       << (x.ok ? f("%.3g", x.p.failures_per_hour * stress->simulated_s / 3600) : std::string("-")) << " expected |\n"
+       << "| tokens/s (goodput) | " << rate(stress->tokens_per_s) << " | "
+       << (x.ok ? rate(x.p.goodput_tokens_per_s) : std::string("-")) << " |\n"
+       << "| time between tokens p50 / p99 / max | " << human_seconds(stress->token_latency_p50_s) << " / "
+       << human_seconds(stress->token_latency_p99_s) << " / " << human_seconds(stress->token_latency_max_s) << " | "
+       << (x.ok ? human_seconds(x.p.per_token_latency_s) : std::string("-")) << " |\n"
+       << "| requests that met a failure | " << f("%.3g", stress->request_failure_fraction) << " of "
+       << stress->requests_done << " | p = " << (x.ok ? f("%.3g", x.p.request_failure_probability) : std::string("-"))
+       << " |\n\n";
+  }
 
   if (cal) {
     md << "## Calibration\n\n`--calibrate " << o.calibrate << "` fitted " << cal->free.size()
@@ -332,7 +350,11 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
        << f("%.3g", cal->fitted.message_overhead_s * 1e6) << " us per message, "
        << f("%.3g", cal->fitted.sync_overhead_s * 1e6) << " us per all-reduce, "
        << f("%.3g", cal->fitted.byte_overhead_s * 1e9) << " ns per byte) to " << cal->points.size()
-       << " measured points; the plan above uses them.\n\n"
+       << " measured points; the plan above uses them"
+       << (cal->fitted.compute_efficiency > 1 ? " (efficiency capped at 1: above 1 means the sweep's model ran "
+                                                "from cache, which a model that streams from memory cannot)"
+                                              : "")
+       << ".\n\n"
        << "| model | topology | nodes | batch | measured TPOT ms | predicted ms | error |\n|---|---|---|---|---|---|---|\n";
     for (const auto& pt : cal->points) {
       md << "| " << pt.model << " | " << pt.topology << " | " << pt.nodes << " | " << pt.batch << " | "
@@ -355,6 +377,12 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
       {"none (the plan above)", [](plan_request&) {}},
       {"200 MiB per node (Linux keeps 56 MiB)", [](plan_request& q) { q.hw.node.memory_bytes = 200ull << 20; }},
       {"activations sent as bf16", [](plan_request& q) { q.model.act_bytes = 2; }},
+      {"rank-to-rank forwarding between TP groups (a runtime change)",
+       [](plan_request& q) { q.assume.peer_forwarding = true; }},
+      {"bf16 activations + rank-to-rank forwarding", [](plan_request& q) {
+         q.model.act_bytes = 2;
+         q.assume.peer_forwarding = true;
+       }},
       {"sample on the last stage (no logits to the session)",
        [](plan_request& q) { q.assume.logits_to_session = false; }},
       {"1 ms per hop instead of 100 us", [](plan_request& q) { q.hw.node.link.latency_us = 1000; }},
@@ -395,9 +423,23 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
   for (size_t i = 0; i < impact.size() && i < 5; ++i) {
     md << (i ? ";" : "") << " " << impact[i].name << " (x" << f("%.3g", impact[i].ratio) << ")";
   }
-  md << ". The serial chain (hops x latency and the transfers of activations over gigabit links) sets the time "
-        "per token; electricity for " << f("%.3g", mw) << " MW sets the cost; the failure rate barely matters "
-        "while detection and recovery take seconds and failures come hours apart.\n";
+  md << ".\n\n";
+  // What sets the time per token and the cost, from the plan's own numbers.
+  const double chain_wire = p.chain_latency_s + p.chain_transfer_s;
+  md << "In this plan the time per token is " << f("%.0f%%", 100 * chain_wire / p.chain_s)
+     << " latency and transfers on the serial chain and " << f("%.0f%%", 100 * p.chain_compute_s / p.chain_s)
+     << " compute; the throughput is limited by the " << p.throughput_limit << ". Of the cost, "
+     << f("%.0f%%", 100 * (p.power_w / 1000 * r.assume.electricity_usd_per_kwh) / p.usd_per_hour)
+     << " is electricity for " << f("%.3g", mw) << " MW and the rest hardware amortisation. ";
+  double failure_effect = 0;
+  for (const auto& x : impact) {
+    if (x.name.find("fail") != std::string::npos) failure_effect = std::max(failure_effect, std::fabs(std::log(x.ratio)));
+  }
+  md << (failure_effect < 0.05
+             ? "Failures barely matter: detection and recovery take seconds and failures come far apart, so "
+               "goodput is " + f("%.4g%%", 100 * p.goodput_tokens_per_s / p.tokens_per_s) + " of throughput.\n"
+             : "Failures matter: a different failure rate or detection time moves the cost by up to " +
+                   f("%.0f%%", 100 * (std::exp(failure_effect) - 1)) + ".\n");
   return md.str();
 }
 
@@ -446,6 +488,8 @@ void add_plan(CLI::App& app, int& status) {
   g->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints (16)");
   g->add_flag("--no-reload", o->no_reload, "spares already hold the weights they take over");
   g->add_flag("--sample-on-last-stage", o->sample_last, "return a token id, not the logits");
+  g->add_flag("--peer-forwarding", o->peer_forwarding,
+              "rank i of a TP group forwards x to rank i of the next (the runtime: rank 0 sends to all)");
   auto* s = cmd->add_option_group("Simulation");
   s->add_flag("--simulate", o->simulate, "run the discrete-event simulation of the plan");
   s->add_option("--sim-hours", o->sim_hours, "simulated hours (1)");
@@ -460,13 +504,27 @@ void add_plan(CLI::App& app, int& status) {
       auto rows = parse_sweep_csv(read_text(o->calibrate), o->calibrate);
       if (!rows) throw cli_error(rows.message());
       plan_request base = r;
-      base.hw = load_hardware(o->calibrate_hardware, true);
+      const std::string text = read_text(o->calibrate);
+      double gbs = 0;
+      int cores = 0;
+      // A sweep measured here says the host's bandwidth and cores in its first
+      // line ("# host: 21.8 GB/s, 2 cores"); use them rather than a new
+      // measurement on a machine that may be busy now.
+      if (o->calibrate_hardware == "host" && std::sscanf(text.c_str(), "# host: %lf GB/s, %d cores", &gbs, &cores) == 2) {
+        base.hw = load_hardware("host", false);
+        base.hw.node.mem_bandwidth_gbs = gbs;
+        base.hw.parallel_nodes = cores;
+      } else {
+        base.hw = load_hardware(o->calibrate_hardware, true);
+      }
       base.context = o->calibrate_context;
       base.assume = r.assume;
       auto c = calibrate(*rows, base, preset_resolver(&r.model));
       if (!c) throw cli_error("--calibrate " + o->calibrate + ": " + c.message());
       cal = std::make_unique<calibration>(*c);
-      r.assume.compute_efficiency = c->fitted.compute_efficiency;
+      // An efficiency above 1 says the sweep's model sat in cache; the
+      // planned model streams from memory, so the plan uses at most 1.
+      r.assume.compute_efficiency = std::min(1.0, c->fitted.compute_efficiency);
       r.assume.message_overhead_s = c->fitted.message_overhead_s;
       r.assume.sync_overhead_s = c->fitted.sync_overhead_s;
       r.assume.byte_overhead_s = c->fitted.byte_overhead_s;
@@ -494,6 +552,20 @@ void add_plan(CLI::App& app, int& status) {
       sim_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!sr) throw cli_error(sr.message());
       sim = std::make_unique<sim_result>(*sr);
+    }
+    std::unique_ptr<sim_result> stress;
+    double stress_wall = 0;
+    if (o->simulate && !o->report.empty()) {
+      // For the report: the same run with failures 100 x as frequent, one hour.
+      sim_options so;
+      so.duration_s = 3600;
+      so.arrival_rate = o->sim_rate;
+      so.failure_scale = 100 * o->sim_failure_scale;
+      so.seed = o->seed + 1;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto sr = simulate(*p, so);
+      stress_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (sr) stress = std::make_unique<sim_result>(*sr);
     }
 
     const bool json_to_stdout = o->json == "-";
@@ -547,7 +619,8 @@ void add_plan(CLI::App& app, int& status) {
       write_text(o->json, j.dump(2) + "\n");
     }
     if (!o->report.empty()) {
-      write_text(o->report, report_text(*o, *p, base.get(), cal.get(), sim.get(), sim_wall));
+      write_text(o->report,
+                 report_text(*o, *p, base.get(), cal.get(), sim.get(), sim_wall, stress.get(), stress_wall));
       if (!json_to_stdout) std::printf("wrote %s\n", o->report.c_str());
     }
     status = 0;

@@ -288,9 +288,11 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
       if (!solve(M, rhs, v)) continue;
       if (std::any_of(v.begin(), v.end(), [](double q) { return q < 0; })) continue;
       std::array<double, n_params> th{};
+      for (int j = 0; j < n_params; ++j) {
+        if (!usable[j]) th[static_cast<size_t>(j)] = theta[static_cast<size_t>(j)];  // no data: keep the base value
+      }
       for (size_t a = 0; a < k; ++a) th[static_cast<size_t>(idx[a])] = v[a];
       if (th[0] <= 0 && usable[0]) continue;  // compute must take some time
-      if (!usable[0]) th[0] = theta[0];
       double sse = 0;
       for (size_t i = 0; i < ps.size(); ++i) {
         double pred = fs[i].fixed;

@@ -358,7 +358,10 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
       if (!pool && T > 1) hop += message(x, T - 1, (T - 1) * xbytes);  // rank 0 broadcasts x
     } else {
       const int copies = pool ? 1 : T;  // a pool: the rows' owner gets x (classifier: every rank)
-      const int to = (pool && g.classifier) ? T : copies;
+      int to = (pool && g.classifier) ? T : copies;
+      const plan_group& prev = l.groups[static_cast<size_t>(gi - 1)];
+      const bool prev_pool = expert_topo && gi - 1 == 0;
+      if (r.assume.peer_forwarding && !pool && !prev_pool && prev.tp == T) to = 1;  // rank i -> rank i, in parallel
       hop += message(x, to, to * xbytes);
     }
     // The group's work for one step of b sequences.
@@ -656,7 +659,11 @@ result<plan_result> plan(const plan_request& r) {
     for (size_t gi = 0; gi < l.groups.size(); ++gi) {
       const plan_group& g = l.groups[gi];
       const bool pool = expert_topo && (gi == 0 || gi + 1 == l.groups.size());
-      const double next_copies = gi + 1 < l.groups.size() ? l.groups[gi + 1].tp : 0;
+      double next_copies = gi + 1 < l.groups.size() ? l.groups[gi + 1].tp : 0;
+      if (a.peer_forwarding && gi + 1 < l.groups.size() && l.groups[gi + 1].tp == g.tp && !pool &&
+          !(expert_topo && gi + 2 == l.groups.size())) {
+        next_copies = 1;
+      }
       double sent = 0, recv = 0;
       if (pool) {
         recv = g.classifier ? xv : 4;
@@ -832,7 +839,9 @@ result<plan_result> plan(const plan_request& r) {
                fmt("%.3g", p.request_failure_probability) + "; each costs " +
                human_seconds(p.downtime_per_failure_s) + " (detect " + human_seconds(a.detect_s) +
                " + recover + reload + replay); goodput " + rate_text(p.goodput_tokens_per_s) + fmt(" (%.4g%%)", kept * 100) +
-               "; " + std::to_string(l.spare_nodes) + " spares last " + human_seconds(p.spares_last_hours * 3600);
+               "; " + (l.spare_nodes > 0 ? std::to_string(l.spare_nodes) + " spares last " +
+                                               human_seconds(p.spares_last_hours * 3600)
+                                         : std::string("no spares"));
     p.checks.push_back(c);
   }
   {
@@ -984,7 +993,8 @@ std::string to_json(const plan_result& p, int indent) {
                       {"request_tokens", a.request_tokens},
                       {"electricity_usd_per_kwh", a.electricity_usd_per_kwh},
                       {"amortisation_years", a.amortisation_years},
-                      {"logits_to_session", a.logits_to_session}};
+                      {"logits_to_session", a.logits_to_session},
+                      {"peer_forwarding", a.peer_forwarding}};
   return j.dump(indent);
 }
 

@@ -105,6 +105,11 @@ struct plan_assumptions {
   /// The last stage returns vocab f32 logits to the session, as the runtime
   /// does (DESIGN.md data flow); false: it samples and returns a token id.
   bool logits_to_session = true;
+  /// Between two TP groups of the same width, rank i forwards x to rank i of
+  /// the next group (every rank has x after the last all-reduce), instead of
+  /// the runtime's rank 0 sending a copy to every rank (placement.hpp). A
+  /// what-if for the runtime; false = as the runtime does it.
+  bool peer_forwarding = false;
 };
 
 struct plan_request {

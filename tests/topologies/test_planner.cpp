@@ -262,6 +262,21 @@ TEST_CASE("check 4, the serial chain and throughput with batching", "[planner][c
   CHECK(a.chain_s - b.chain_s == Approx(msgs * 1e-3));
 }
 
+TEST_CASE("what-if: rank-to-rank forwarding between TP groups of equal width", "[planner][chain]") {
+  // hybrid:2x2 on stories260K: into stage 1, rank 0 of stage 0 sends x (64
+  // f32) to both ranks (the runtime), or each rank sends to its peer.
+  plan_request r = request("stories260k", "ps3", 4, "hybrid:2x2", 1, 512);
+  auto l = lay_out(r);
+  REQUIRE(l);
+  const cost_terms runtime_hop = chain_cost(r, *l, 1).station_hop[1];
+  r.assume.peer_forwarding = true;
+  const cost_terms peer_hop = chain_cost(r, *l, 1).station_hop[1];
+  CHECK(runtime_hop.messages == 2);
+  CHECK(runtime_hop.wire_s == Approx(100e-6 + 2 * 256 / gbe_Bps));
+  CHECK(peer_hop.messages == 1);
+  CHECK(peer_hop.wire_s == Approx(100e-6 + 256 / gbe_Bps));
+}
+
 TEST_CASE("check 5, failures: lambda from the node failure rate, 1 - exp(-lambda t)", "[planner][failures]") {
   plan_request r = request("stories110m", "ps3", 4, "pipeline:3", 1, 1024);
   r.hw.failures_per_year = 8766;  // one failure per node-hour
