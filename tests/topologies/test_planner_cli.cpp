@@ -1,0 +1,80 @@
+// `cellshard plan` end to end: the JSON keys of CLI.md, usage errors (exit 2),
+// config.json input and the calibration list. Runs the built binary.
+#include "tests/support.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+using cellshard::test::cellshard_bin;
+using cellshard::test::run_command;
+
+TEST_CASE("cellshard plan --json has the keys of CLI.md", "[planner][cli]") {
+  auto r = run_command({cellshard_bin(), "plan", "--model", "stories110m", "--hardware", "ps3", "--nodes", "3",
+                        "--context", "1024", "--json", "-"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"memory_fit", "memory_per_node_bytes", "bandwidth_bound_tokens_per_s",
+                          "link_bytes_per_token", "per_token_latency_s", "tokens_per_s", "failures_per_hour",
+                          "request_failure_probability", "goodput_tokens_per_s", "energy_per_token_j",
+                          "cost_per_million_tokens_usd", "power_w", "baseline"}) {
+    CHECK(j.contains(key));
+  }
+  CHECK(j["memory_fit"] == true);
+  CHECK(j["memory_per_node_bytes"] == 236961792.0);  // as test_planner.cpp computes by hand
+  CHECK(j["topology"] == "pipeline:3");
+  CHECK(j["checks"].size() == 6);
+  CHECK(j["baseline"]["hardware"] == "h200-8x");
+  CHECK(j["baseline"]["nodes"] == 1);
+}
+
+TEST_CASE("cellshard plan: calibration list and config.json", "[planner][cli]") {
+  const std::string dir = cellshard::test::temp_dir("plan-cli");
+  const std::string csv = dir + "/sweep.csv";
+  {
+    std::ofstream f(csv);
+    f << "# host: 20 GB/s, 2 cores\n"
+         "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
+         "bytes_per_token\n"
+         "stories260K.bin,pipeline,1,1,1,none,1,0.6,0.061,0.1,1,0,0\n"
+         "stories260K.bin,pipeline,3,3,1,none,1,0.6,0.065,0.1,1,0,0\n"
+         "stories260K.bin,tensor,2,1,2,none,1,0.6,0.084,0.1,1,0,0\n"
+         "stories260K.bin,tensor,4,1,4,none,1,0.6,0.139,0.1,1,0,0\n";
+  }
+  const std::string cfg = dir + "/config.json";
+  {
+    std::ofstream f(cfg);
+    f << R"({"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+             "torch_dtype": "float16"})";
+  }
+  auto r = run_command({cellshard_bin(), "plan", "--model", cfg, "--hardware", "rpi5", "--nodes", "4", "--calibrate",
+                        csv, "--baseline", "none", "--json", "-"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["calibration"].size() == 4);
+  for (const auto& p : j["calibration"]) {
+    for (const char* key : {"nodes", "topology", "measured_tpot_ms", "predicted_tpot_ms", "error"}) {
+      CHECK(p.contains(key));
+    }
+  }
+  CHECK(j["calibration"][0]["topology"] == "pipeline:1");
+  CHECK_FALSE(j.contains("baseline"));
+  CHECK(j["model"] == cfg);
+  CHECK(j["memory_fit"] == true);
+}
+
+TEST_CASE("cellshard plan: usage errors exit 2 naming the flag", "[planner][cli]") {
+  auto bad_model = run_command({cellshard_bin(), "plan", "--model", "gpt-9", "--nodes", "3"});
+  CHECK(bad_model.status == 2);
+  CHECK(bad_model.err.find("--model") != std::string::npos);
+  auto bad_topo = run_command({cellshard_bin(), "plan", "--model", "stories260k", "--nodes", "3", "--topology",
+                               "tensor:8"});
+  CHECK(bad_topo.status == 2);
+  CHECK(bad_topo.err.find("KV heads") != std::string::npos);
+  auto no_nodes = run_command({cellshard_bin(), "plan", "--model", "stories260k"});
+  CHECK(no_nodes.status == 2);
+}
