@@ -151,9 +151,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   kernels::set_blas_threads(opts.blas_threads);
   register_messages(im->cfg);
   im->cfg.set("scheduler.max-threads", static_cast<size_t>(std::max(1, opts.caf_threads)));
-  // Idle CAF workers sleep up to 10 ms between polls by default (relaxed
-  // polling), which would add milliseconds to every shaped link's delivery.
-  im->cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan(std::chrono::microseconds(200)));
+  // Not tuned here: setting work-stealing.relaxed-sleep-duration (to cut the
+  // up-to-10 ms sleeps of idle workers that inflate sub-ms shaped latencies)
+  // corrupted the heap of CAF 0.17.6 once the middleman was loaded.
   auto conf = im->host->configure(im->cfg);
   if (!conf) return conf.err();
   im->sys = std::make_unique<caf::actor_system>(im->cfg);
