@@ -1,5 +1,7 @@
 #include "model/checkpoint.hpp"
 
+#include "model/quant.hpp"
+
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -35,8 +37,7 @@ uint64_t checkpoint_bytes(const config& c) {
   return 7 * sizeof(int32_t) + floats * sizeof(float);
 }
 
-result<config> model_file::parse_header(const int32_t raw[7], uint64_t file_size,
-                                        const std::string& name) {
+result<config> model_file::parse_fields(const int32_t raw[7], const std::string& name) {
   static const char* fields[7] = {"dim",        "hidden_dim", "n_layers", "n_heads",
                                   "n_kv_heads", "vocab_size", "seq_len"};
   // An upper bound keeps size arithmetic far from overflow; real models are
@@ -73,6 +74,14 @@ result<config> model_file::parse_header(const int32_t raw[7], uint64_t file_size
   if (c.head_size() % 2 != 0)
     return bad("head size dim/n_heads = " + std::to_string(c.head_size()) +
                " is odd; RoPE rotates pairs");
+  return c;
+}
+
+result<config> model_file::parse_header(const int32_t raw[7], uint64_t file_size,
+                                        const std::string& name) {
+  auto parsed = parse_fields(raw, name);
+  if (!parsed) return parsed;
+  const config& c = *parsed;
   const uint64_t want = checkpoint_bytes(c);
   if (file_size != want) {
     std::ostringstream os;
@@ -88,6 +97,7 @@ result<config> model_file::parse_header(const int32_t raw[7], uint64_t file_size
 static uint32_t bswap32(uint32_t x) { return __builtin_bswap32(x); }
 
 result<void> model_file::init(const std::string& name, load_options opts) {
+  if (is_q8_image(base_, size_)) return q8_reader::init(*this, name, opts);
   if (size_ < 7 * sizeof(int32_t))
     return make_error(name + ": file is " + std::to_string(size_) +
                       " bytes, too short for the 28-byte llama2.c header");
@@ -118,6 +128,7 @@ result<void> model_file::init(const std::string& name, load_options opts) {
 }
 
 layer_view model_file::layer(int l) const {
+  if (quantized_) return q8_norms_[l];
   // run.c stores each weight kind for all layers together:
   // rms_att[L][dim], wq[L][dim][dim], wk[L][kv][dim], wv[L][kv][dim],
   // wo[L][dim][dim], rms_ffn[L][dim], w1[L][h][dim], w2[L][dim][h], w3[L][h][dim].

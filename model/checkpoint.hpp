@@ -5,10 +5,14 @@
 // unshared classifier), then f32 weights in run.c's order, then two unused
 // RoPE tables of seq_len x head_size/2 floats, then the classifier if unshared.
 //
+// A model_file also opens the q8_0 format of model/quant.hpp (magic "CSQ8"):
+// then the matrices are q8_0 blocks viewed in place (see quantized()).
+//
 // Ownership: a model_file owns its mapping (or buffer) and is immutable after
 // open(); share it as std::shared_ptr<const model_file> between threads freely.
 #pragma once
 
+#include "kernels/backend.hpp"
 #include "model/config.hpp"
 #include "model/result.hpp"
 
@@ -43,6 +47,20 @@ struct layer_view {
   const float* w3;
 };
 
+/// A q8_0 matrix in a quantized model file: `rows` rows of
+/// kernels::q8_blocks_per_row(cols) blocks each, a row's last block
+/// zero-padded; points into the model_file.
+struct q8_matrix {
+  const kernels::q8_block* blocks = nullptr;
+  int rows = 0, cols = 0;
+};
+/// One layer's matrices in a quantized file (shapes as in layer_view).
+struct q8_layer_view {
+  q8_matrix wq, wk, wv, wo, w1, w2, w3;
+};
+
+class q8_reader;  // model/quant.hpp
+
 class model_file {
 public:
   /// Maps and validates `path`. Errors name the file, the field and the
@@ -66,12 +84,25 @@ public:
   const float* rms_final() const { return rms_final_; }  // [dim]
   const float* classifier() const { return wcls_; }      // [vocab x dim]
 
+  /// True for a q8_0 file (model/quant.hpp). Then token_embedding(),
+  /// classifier() and layer()'s matrix pointers are null and the matrices are
+  /// q8_embedding(), q8_classifier() (the embedding when shared) and
+  /// q8_layer(); the norms (layer().rms_att/rms_ffn, rms_final()) are f32 in
+  /// both kinds. The q8 accessors return empty views for an f32 file.
+  bool quantized() const { return quantized_; }
+  q8_matrix q8_embedding() const { return q8_emb_; }
+  q8_matrix q8_classifier() const { return q8_cls_; }
+  q8_layer_view q8_layer(int l) const { return quantized_ ? q8_layers_[l] : q8_layer_view{}; }
+
   /// XXH64 of the whole file (computed on first call; thread-safe).
   uint64_t digest() const;
 
   /// Validates a header against a file size; exposed for tests and tools.
   static result<config> parse_header(const int32_t raw[7], uint64_t file_size,
                                      const std::string& name);
+  /// The field checks of parse_header() alone, without the size check (the
+  /// q8_0 loader checks its own size).
+  static result<config> parse_fields(const int32_t raw[7], const std::string& name);
 
 private:
   model_file() = default;
@@ -89,6 +120,12 @@ private:
   const float* wcls_ = nullptr;
   mutable uint64_t digest_ = 0;
   mutable bool have_digest_ = false;
+  // q8_0 files (filled by q8_reader, model/quant.cpp).
+  friend class q8_reader;
+  bool quantized_ = false;
+  q8_matrix q8_emb_, q8_cls_;
+  std::vector<q8_layer_view> q8_layers_;
+  std::vector<layer_view> q8_norms_;  // per layer: the norm pointers, matrices null
 };
 
 /// Expected size in bytes of a checkpoint with this config (header, weights,

@@ -90,6 +90,8 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
     return m;
   };
   w->owned_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
+  if (file->quantized()) return make_q8(std::move(w));
+  w->emb_ = view(file->token_embedding(), c.vocab_size, d, d);
   for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
     const layer_view v = file->layer(l);
     layer L;
@@ -117,6 +119,101 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
     w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
   }
   return std::shared_ptr<const shard_weights>(std::move(w));
+}
+
+// A q8_0 file: the slice's matrices as views of the file's blocks (row
+// slices) or owned copies (column slices); see shard_weights::make.
+result<std::shared_ptr<const shard_weights>> shard_weights::make_q8(std::shared_ptr<shard_weights> w) {
+  const model_file& file = *w->file_;
+  const config& c = file.cfg();
+  const slice_spec& spec = w->spec_;
+  w->fmt_ = weight_format::q8_0;
+  const int hs = c.head_size(), d = c.dim;
+  const int q0 = spec.kv_head_begin * c.kv_mul() * hs;
+  const int nq = spec.n_kv_heads() * c.kv_mul() * hs;
+  const int k0 = spec.kv_head_begin * hs, nk = spec.n_kv_heads() * hs;
+  const int f0 = spec.ffn_begin, nf = spec.ffn_units();
+  using kernels::q8_block;
+  using kernels::q8_blocks_per_row;
+
+  // Rows [r0, r0+n) of q: a view into the file.
+  auto rows_of = [&](const q8_matrix& q, int r0, int n) {
+    matrix m;
+    m.q8 = q.blocks + static_cast<size_t>(r0) * q8_blocks_per_row(q.cols);
+    m.rows = n;
+    m.cols = m.ld = q.cols;
+    w->bytes_ += m.bytes();
+    return m;
+  };
+  // Columns [c0, c0+n) of every row of q: owned blocks.
+  auto cols_of = [&](const q8_matrix& q, int c0, int n) {
+    if (c0 == 0 && n == q.cols) return rows_of(q, 0, q.rows);
+    const int nb_full = q8_blocks_per_row(q.cols), nb = q8_blocks_per_row(n);
+    std::vector<q8_block> blocks(static_cast<size_t>(q.rows) * nb);
+    const bool whole_blocks = c0 % kernels::q8_block_size == 0 &&
+                              (n % kernels::q8_block_size == 0 || c0 + n == q.cols);
+    std::vector<float> row(whole_blocks ? 0 : q.cols);
+    for (int r = 0; r < q.rows; ++r) {
+      const q8_block* src = q.blocks + static_cast<size_t>(r) * nb_full;
+      if (whole_blocks) {
+        std::memcpy(&blocks[static_cast<size_t>(r) * nb], src + c0 / kernels::q8_block_size,
+                    nb * sizeof(q8_block));
+      } else {
+        kernels::dequantize_row_q8(src, row.data(), q.cols);
+        kernels::quantize_row_q8(row.data() + c0, &blocks[static_cast<size_t>(r) * nb], n);
+      }
+    }
+    w->owned_.push_back(std::move(blocks));
+    matrix m;
+    m.q8 = w->owned_.back().data();
+    m.rows = q.rows;
+    m.cols = m.ld = n;
+    w->bytes_ += m.bytes();
+    return m;
+  };
+  for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
+    const layer_view v = file.layer(l);
+    const q8_layer_view q = file.q8_layer(l);
+    layer L;
+    L.rms_att = v.rms_att;
+    L.rms_ffn = v.rms_ffn;
+    L.wq = rows_of(q.wq, q0, nq);
+    L.wk = rows_of(q.wk, k0, nk);
+    L.wv = rows_of(q.wv, k0, nk);
+    L.wo = cols_of(q.wo, q0, nq);
+    L.w1 = rows_of(q.w1, f0, nf);
+    L.w3 = rows_of(q.w3, f0, nf);
+    L.w2 = cols_of(q.w2, f0, nf);
+    w->bytes_ += 2ull * d * sizeof(float);
+    w->layers_.push_back(L);
+  }
+  const q8_matrix e = file.q8_embedding();
+  w->emb_.q8 = e.blocks;
+  w->emb_.rows = e.rows;
+  w->emb_.cols = w->emb_.ld = e.cols;
+  if (spec.embedding) {
+    w->emb_f32_.resize(static_cast<size_t>(e.rows) * e.cols);
+    const int nb = q8_blocks_per_row(e.cols);
+    for (int r = 0; r < e.rows; ++r)
+      kernels::dequantize_row_q8(e.blocks + static_cast<size_t>(r) * nb,
+                                 &w->emb_f32_[static_cast<size_t>(r) * e.cols], e.cols);
+    w->bytes_ += w->emb_f32_.size() * sizeof(float);
+  }
+  if (spec.classifier) {
+    w->wcls_ = rows_of(file.q8_classifier(), 0, c.vocab_size);
+    w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
+  }
+  return std::shared_ptr<const shard_weights>(std::move(w));
+}
+
+void shard_weights::embed(int token, float* out) const {
+  const int dim = cfg().dim;
+  if (const float* table = embedding()) {
+    std::memcpy(out, table + static_cast<size_t>(token) * dim, dim * sizeof(float));
+    return;
+  }
+  kernels::dequantize_row_q8(emb_.q8 + static_cast<size_t>(token) * kernels::q8_blocks_per_row(dim), out,
+                             dim);
 }
 
 kv_cache::kv_cache(int n_layers, int seq_len, int kv_dim)
@@ -209,8 +306,7 @@ engine::engine(std::shared_ptr<const shard_weights> w, const kernels::backend& b
       s_(*w_), x_(w_->cfg().dim), logits_(w_->cfg().vocab_size) {}
 
 const float* engine::forward(int token, int pos) {
-  const int dim = cfg().dim;
-  std::memcpy(x_.data(), w_->embedding() + static_cast<size_t>(token) * dim, dim * sizeof(float));
+  w_->embed(token, x_.data());
   stage_forward(*be_, *w_, x_.data(), pos, kv_, s_);
   classify(*be_, *w_, x_.data(), logits_.data());
   return logits_.data();

@@ -70,7 +70,16 @@ public:
   };
 
   /// Builds the slice `spec` of `file`. Errors when the spec is out of the
-  /// model's range. q8_0 quantizes the slice's matrices at load time.
+  /// model's range. For an f32 file, q8_0 quantizes the slice's matrices at
+  /// load time (each row of a column slice from the slice's first column);
+  /// the embedding table stays f32 and a shared classifier gets a q8 copy.
+  /// A q8_0 file (model_file::quantized()) is always q8_0, whatever `fmt`:
+  /// row slices view the file's blocks in place; a column slice (wo, w2 under
+  /// tensor parallelism) copies whole blocks when it starts on a 32-column
+  /// block boundary and ends on one or at the row's end, else dequantizes
+  /// that slice and re-quantizes it (a second rounding, that slice only). The
+  /// shard holding the embedding keeps a dequantized f32 table of it, because
+  /// embedding() hands out f32 rows (counted in bytes()).
   static result<std::shared_ptr<const shard_weights>> make(std::shared_ptr<const model_file> file,
                                                            slice_spec spec,
                                                            weight_format fmt = weight_format::f32);
@@ -80,7 +89,12 @@ public:
   weight_format format() const { return fmt_; }
   const model_file& file() const { return *file_; }
   const layer& at(int l) const { return layers_[l - spec_.layer_begin]; }
-  const float* embedding() const { return file_->token_embedding(); }  // [vocab x dim]
+  /// The token embedding table [vocab x dim] in f32: the file's for an f32
+  /// file; for a q8_0 file the dequantized table when spec().embedding, else
+  /// nullptr. embed() works in every case.
+  const float* embedding() const { return emb_f32_.empty() ? file_->token_embedding() : emb_f32_.data(); }
+  /// out[dim] = the embedding row of `token` (0 <= token < vocab).
+  void embed(int token, float* out) const;
   const float* rms_final() const { return file_->rms_final(); }
   const matrix& classifier() const { return wcls_; }  // [vocab x dim]
   int n_heads_local() const { return spec_.n_kv_heads() * cfg().kv_mul(); }
@@ -88,11 +102,15 @@ public:
   uint64_t bytes() const { return bytes_; }
 
 private:
+  static result<std::shared_ptr<const shard_weights>> make_q8(std::shared_ptr<shard_weights> w);
+
   std::shared_ptr<const model_file> file_;
   slice_spec spec_;
   weight_format fmt_ = weight_format::f32;
   std::vector<layer> layers_;
   matrix wcls_;
+  matrix emb_;                    // [vocab x dim]: the file's f32 table or q8 blocks
+  std::vector<float> emb_f32_;    // q8_0 file, spec.embedding: dequantized table
   std::vector<std::vector<kernels::q8_block>> owned_;  // q8_0 storage
   uint64_t bytes_ = 0;
 };

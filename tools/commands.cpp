@@ -9,5 +9,6 @@ void add_commands(CLI::App& app, int& status) {
   add_sweep(app, status);
   add_node(app, status);
   add_plan(app, status);
+  add_quantize(app, status);
 }
 }  // namespace cellshard::tools

@@ -13,4 +13,5 @@ void add_chaos(CLI::App& app, int& status);
 void add_sweep(CLI::App& app, int& status);
 void add_node(CLI::App& app, int& status);
 void add_plan(CLI::App& app, int& status);
+void add_quantize(CLI::App& app, int& status);
 }  // namespace cellshard::tools

@@ -1,0 +1,51 @@
+// `cellshard quantize IN OUT`: write the q8_0 ("CSQ8") form of an f32
+// llama2.c checkpoint (format: model/quant.hpp, docs/formats.md).
+#include "model/checkpoint.hpp"
+#include "model/quant.hpp"
+#include "tools/commands.hpp"
+#include "tools/common.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+namespace cellshard::tools {
+
+void add_quantize(CLI::App& app, int& status) {
+  struct opts {
+    std::string in, out, json_out;
+  };
+  auto o = std::make_shared<opts>();
+  auto* cmd = app.add_subcommand("quantize", "write a q8_0 model file from an f32 llama2.c checkpoint");
+  cmd->add_option("IN", o->in, "f32 llama2.c checkpoint (.bin)")->required();
+  cmd->add_option("OUT", o->out, "q8_0 file to write (run it with -m OUT)")->required();
+  cmd->add_option("--json", o->json_out, "summary JSON to FILE (- = stdout)");
+  cmd->callback([o, &status] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto in = model::model_file::open(o->in);
+    if (!in) throw cli_error(in.message());
+    auto n = model::quantize_to_file(**in, o->out);
+    if (!n) throw cli_error(n.message());
+    // Read it back: the loader's checks (size, header, digest) on the result.
+    auto back = model::model_file::open(o->out);
+    if (!back) throw cli_error("wrote " + o->out + " but it does not load: " + back.message());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto& c = (*in)->cfg();
+    std::fprintf(stderr, "wrote %s: q8_0, %s, %.2f MiB (f32 file %.2f MiB, %.2fx smaller), %.2f s\n",
+                 o->out.c_str(), c.to_string().c_str(), *n / 1048576.0, (*in)->file_bytes() / 1048576.0,
+                 static_cast<double>((*in)->file_bytes()) / static_cast<double>(*n), s);
+    if (!o->json_out.empty()) {
+      char digest[19];
+      std::snprintf(digest, sizeof digest, "0x%016llx", static_cast<unsigned long long>((*back)->digest()));
+      nlohmann::json j = {{"input", o->in},       {"output", o->out},          {"format", "q8_0"},
+                          {"input_bytes", (*in)->file_bytes()}, {"output_bytes", *n},
+                          {"digest", digest},    {"seconds", s}};
+      write_text(o->json_out, j.dump(2) + "\n");
+    }
+    status = 0;
+  });
+}
+
+}  // namespace cellshard::tools
