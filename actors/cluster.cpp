@@ -351,8 +351,23 @@ void cluster::shutdown() {
     sessions = impl_->sessions;
   }
   for (auto& kv : sessions) caf::anon_send(kv.second, cancel_atom::value);
+  sessions.clear();
   stop_runtime(*impl_->rt, impl_->supervisor);
   impl_->host->shutdown(*impl_->sys);
+  // Release every handle before the actor system goes: a handle (above all
+  // a remote proxy's) released after ~actor_system touches freed memory.
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->sessions.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->rt->mu);
+    impl_->rt->actor_of.assign(impl_->rt->actor_of.size(), caf::actor{});
+    impl_->rt->heartbeats.clear();
+    impl_->rt->heartbeat_monitor = nullptr;
+    impl_->rt->coordinator = nullptr;
+  }
+  impl_->supervisor = nullptr;
   impl_->sys.reset();  // waits for every actor to finish
 }
 
