@@ -190,11 +190,11 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   return out;
 }
 
-/// Connecting to the other daemons of a cluster, one after another. With
-/// caf-openssl, concurrent TLS handshakes between daemons that are at the same
-/// time client and server of one another were seen to stall (the middleman
-/// then reports connection_timeout), so peers are dialled in turn and a
-/// timed-out handshake is retried while the deadline allows.
+/// Connecting to the other daemons of a cluster, one after another. CAF 0.17.6
+/// drops a connection whose handshake has not completed by the next heartbeat
+/// tick with connection_timeout (actors/tls.hpp), which TLS handshakes hit a
+/// few times in a hundred; such a handshake is retried while the deadline
+/// allows.
 struct peer_job {
   node_peers peers;
   size_t next = 0;
@@ -229,7 +229,7 @@ void dial_next(daemon_actor* self, std::shared_ptr<peer_job> job) {
           [=](caf::error& e) {
             const bool stalled = e.category() == caf::atom("system") &&
                                  static_cast<caf::sec>(e.code()) == caf::sec::connection_timeout;
-            if (stalled && job->attempt < 3 && std::chrono::steady_clock::now() < job->until) {
+            if (stalled && job->attempt < 5 && std::chrono::steady_clock::now() < job->until) {
               ++job->attempt;
               log(self, "connection to " + who + " stalled; retrying");
               dial_next(self, job);

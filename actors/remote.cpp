@@ -161,9 +161,9 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   const bool tls = opts_.net.tls.requested();
   caf::scoped_actor self{sys};
 
-  // 1. Connections, all at once: the wait is one deadline, not n. A TLS
-  // handshake that stalls (caf-openssl, see dial_next in actors/daemon.cpp)
-  // is retried while the deadline allows; a frozen node fails every attempt.
+  // 1. Connections, all at once: the wait is one deadline, not n. A handshake
+  // that CAF dropped at a heartbeat tick (see actors/tls.hpp) is retried
+  // while the deadline allows; a frozen node fails every attempt.
   // Strong handles only while connecting: afterwards this host keeps weak
   // ones (see remote.hpp), so that it may outlive the actor system.
   std::vector<caf::actor> d(n);
@@ -194,7 +194,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
             [&](caf::error& e) {
               const bool stalled = e.category() == caf::atom("system") &&
                                    static_cast<caf::sec>(e.code()) == caf::sec::connection_timeout;
-              if (tls && stalled && ++attempts[i] < 3 && clk::now() < until) again.push_back(i);
+              if (stalled && ++attempts[i] < 5 && clk::now() < until) again.push_back(i);
               else
                 errs[i] = std::string("cannot connect") + (tls ? " (TLS)" : "") + ", deadline " +
                           std::to_string(opts_.connect_timeout.count()) + " ms: " + describe_connect_error(sys, e);

@@ -52,7 +52,7 @@ struct remote_node {
 };
 
 struct remote_options {
-  net_options net{{}, std::chrono::milliseconds(100), std::chrono::milliseconds(500), 0};
+  net_options net{{}, std::chrono::milliseconds(1000), std::chrono::milliseconds(3000), 0};
   std::string default_profile = "host";
   uint64_t default_memory = 0;
   std::chrono::milliseconds connect_timeout{5000};   // connection + TLS handshake

@@ -4,8 +4,14 @@
 //
 // Why these checks exist (CAF-0.17.md §4, §6):
 // - CAF 0.17 ships with heartbeats off: a frozen (SIGSTOPped) peer is never
-//   noticed and a blocking connect to it hangs. Both are on by default here
-//   (100 ms heartbeat, 500 ms connection timeout).
+//   noticed and a blocking connect to it hangs. Both are on by default here:
+//   1 s heartbeat, 3 s connection timeout. Shorter is worse, measured: 0.17.6
+//   checks the timeout at each heartbeat tick against a connection's last
+//   received message, and a connection whose handshake has not delivered
+//   one yet counts as silent since forever, so it is dropped at the next
+//   tick; with a 100 ms heartbeat a TLS handshake (or any handshake on a
+//   loaded machine) lost that race a few times in a hundred. Connections are
+//   retried (actors/remote.cpp, actors/daemon.cpp); docs/distributed.md.
 // - caf-openssl silently falls back to anonymous TLS when no key is set, and
 //   terminates the process (an exception on a CAF thread) when it cannot load
 //   a certificate or key, or when only a CA file is given. So the files are
@@ -39,8 +45,8 @@ struct tls_files {
 
 struct net_options {
   tls_files tls;
-  std::chrono::milliseconds heartbeat{100};           // middleman.heartbeat-interval
-  std::chrono::milliseconds connection_timeout{500};  // middleman.connection-timeout
+  std::chrono::milliseconds heartbeat{1000};          // middleman.heartbeat-interval
+  std::chrono::milliseconds connection_timeout{3000};  // middleman.connection-timeout
   int caf_threads = 2;                                // scheduler.max-threads (0: leave as set)
 };
 

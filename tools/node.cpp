@@ -22,7 +22,7 @@ namespace {
 struct node_opts {
   std::string listen, profile = "host", memory, models, tls_cert, tls_key, tls_ca;
   int caf_threads = 2, blas_threads = 1;
-  int heartbeat_ms = 100, connection_timeout_ms = 500, peer_timeout_ms = 5000;
+  int heartbeat_ms = 1000, connection_timeout_ms = 3000, peer_timeout_ms = 5000;
   bool quiet = false;
 };
 

@@ -222,6 +222,13 @@ int do_run(const run_opts& o) {
     }
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
+    if (!o.cluster.empty()) {
+      // Over daemons, a neighbour's first activation can overtake the front
+      // end's wiring of a shard; a statistics round trip to every shard
+      // follows the wiring on each connection (docs/distributed.md).
+      auto wired = (*c)->stats();
+      if (!wired) throw cli_error(wired.message());
+    }
     if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
     // The limits in effect, measured before the run (a limit not in effect
     // is the commonest mistake in such experiments).
