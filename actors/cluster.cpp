@@ -116,7 +116,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   const model::config& mc = im->file->cfg();
   if (!kernels::find_backend(opts.kernels))
     return make_error("kernels: unknown backend '" + opts.kernels + "'");
-  auto fmt = model::parse_weight_format(opts.weights);
+  // A q8_0 file runs as q8_0 whatever --weights says (model/quant.hpp).
+  const std::string weights = im->file->quantized() ? "q8_0" : opts.weights;
+  auto fmt = model::parse_weight_format(weights);
   if (!fmt) return fmt.err();
 
   // Where the shards live.
@@ -141,7 +143,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   if (!strat) return strat.err();
   topologies::placement_options po;
   po.sessions = std::max(1, opts.sessions);
-  auto wf = topologies::find_weight_format(opts.weights);
+  auto wf = topologies::find_weight_format(weights);
   if (!wf) return wf.err();
   po.weights = *wf;
   auto plan = topologies::place(mc, im->host->nodes(), *strat, po);

@@ -411,8 +411,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
                        std::to_string(w.cfg().vocab_size) + ")");
             return;
           }
-          std::memcpy(a.x.data.data() + i * dim, w.embedding() + static_cast<size_t>(t) * dim,
-                      dim * sizeof(float));
+          w.embed(t, a.x.data.data() + i * dim);
         }
         for (size_t i = 0; i < st.wires.group.size(); ++i) {
           deliver(self, st.wires.group[i], st.wires.group_nodes[i], a);
