@@ -273,14 +273,11 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
       // The daemon's own peer deadline comes first; ours covers a silent daemon.
       return self->request(d[i], opts_.connect_timeout * 2, std::move(p));
     };
-    // With TLS one daemon at a time (see dial_next in actors/daemon.cpp).
     std::vector<decltype(send(0))> pending;
-    if (!tls)
-      for (size_t i = 0; i + 1 < n; ++i) pending.push_back(send(i));
+    for (size_t i = 0; i + 1 < n; ++i) pending.push_back(send(i));
     std::string errors;
     for (size_t i = 0; i + 1 < n; ++i) {
       const std::string who = describe(static_cast<int>(i));
-      if (tls) pending.push_back(send(i));
       pending[i].receive(
           [&](node_peers_done& d) {
             if (!d.error.empty()) append(errors, who + " cannot reach " + d.error);

@@ -8,6 +8,7 @@ void add_commands(CLI::App& app, int& status) {
   add_chaos(app, status);
   add_sweep(app, status);
   add_node(app, status);
+  add_bench_net(app, status);
   add_plan(app, status);
   add_quantize(app, status);
 }

@@ -12,6 +12,8 @@ void add_bench(CLI::App& app, int& status);
 void add_chaos(CLI::App& app, int& status);
 void add_sweep(CLI::App& app, int& status);
 void add_node(CLI::App& app, int& status);
+/// `bench net` (tools/bench_net.cpp); call after add_bench.
+void add_bench_net(CLI::App& app, int& status);
 void add_plan(CLI::App& app, int& status);
 void add_quantize(CLI::App& app, int& status);
 }  // namespace cellshard::tools

@@ -72,11 +72,12 @@ int do_node(const node_opts& o) {
   *prefix = "cellshard node " + addr;
   std::printf("listening %s\n", addr.c_str());
   std::fflush(stdout);
-  std::fprintf(stderr, "cellshard node %s: profile %s, models in %s%s\n", addr.c_str(), d.profile.c_str(),
-               d.models_dir.c_str(), d.net.tls.requested() ? ", mutual TLS" : "");
+  if (!o.quiet)
+    std::fprintf(stderr, "cellshard node %s: profile %s, models in %s%s\n", addr.c_str(), d.profile.c_str(),
+                 d.models_dir.c_str(), d.net.tls.requested() ? ", mutual TLS" : "");
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "cellshard node %s: signal %d, stopping\n", addr.c_str(), sig);
+  if (!o.quiet) std::fprintf(stderr, "cellshard node %s: signal %d, stopping\n", addr.c_str(), sig);
   (*daemon)->stop();
   return 0;
 }
@@ -103,7 +104,7 @@ void add_node(CLI::App& app, int& status) {
                   "a peer silent this long is disconnected")->capture_default_str();
   cmd->add_option("--peer-timeout-ms", o->peer_timeout_ms,
                   "deadline of a connection to another node")->capture_default_str();
-  cmd->add_flag("-q,--quiet", o->quiet, "do not log joins and spawns to stderr");
+  cmd->add_flag("-q,--quiet", o->quiet, "log nothing to stderr but errors");
   cmd->callback([o, &status] { status = do_node(*o); });
 }
 
