@@ -220,11 +220,33 @@ void dial_next(daemon_actor* self, std::shared_ptr<peer_job> job) {
   self->request(job->mm, left, caf::connect_atom::value, p.hosts[i], p.ports[i])
       .then(
           [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            if (ptr) ++job->out.connected;
-            else job->out.error += (job->out.error.empty() ? "" : "; ") + who + ": no actor published there";
-            job->next++;
-            job->attempt = 0;
-            dial_next(self, job);
+            if (!ptr) {
+              job->out.error += (job->out.error.empty() ? "" : "; ") + who + ": no actor published there";
+              job->next++;
+              job->attempt = 0;
+              dial_next(self, job);
+              return;
+            }
+            // One round trip on the new connection: when it returns, the peer
+            // has processed our side of the handshake too, so it routes to us
+            // directly (not through whoever introduces us later).
+            auto left2 = std::chrono::duration_cast<std::chrono::milliseconds>(job->until - std::chrono::steady_clock::now());
+            if (left2.count() < 1) left2 = std::chrono::milliseconds(1);
+            self->request(caf::actor_cast<caf::actor>(ptr), left2, stats_atom::value)
+                .then(
+                    [=](node_report&) {
+                      ++job->out.connected;
+                      job->next++;
+                      job->attempt = 0;
+                      dial_next(self, job);
+                    },
+                    [=](caf::error& e) {
+                      job->out.error += (job->out.error.empty() ? "" : "; ") + who + ": no answer after connecting: " +
+                                        describe_connect_error(self->system(), e);
+                      job->next++;
+                      job->attempt = 0;
+                      dial_next(self, job);
+                    });
           },
           [=](caf::error& e) {
             const bool stalled = e.category() == caf::atom("system") &&

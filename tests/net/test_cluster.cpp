@@ -135,6 +135,9 @@ TEST_CASE("the front end forwards no activation bytes between stages", "[net][tr
     auto t = generate_and_count(c, "pipeline", true, steps);
     CHECK(t.ids == expected);
     REQUIRE(t.plan.stages.size() == 4);
+    WARN("pipeline: front end sent " << t.sent_during[0].sent << ", " << t.sent_during[1].sent << ", "
+                                     << t.sent_during[2].sent << ", " << t.sent_during[3].sent
+                                     << " bytes to nodes 0..3 over " << steps << " positions");
     // The front end talks to stage 0 (tokens) and hears from the last stage
     // (logits); to stages 1..3 it sends no activations: only heartbeats and
     // the session's close message, far below one hop's worth.
@@ -154,7 +157,13 @@ TEST_CASE("the front end forwards no activation bytes between stages", "[net][tr
     auto t = generate_and_count(c, "hybrid:2x2", true, steps);
     CHECK(t.ids == expected);
     // Node 0 holds the embedding (stage 0, rank 0): the front end sends it the
-    // tokens. Nodes 1..3 get nothing from the front end but control messages.
+    // tokens, one small forward_req per position. Nodes 1..3 get nothing from
+    // the front end but control messages. Relayed partial sums to node 0
+    // (6 all-reduces of stage 0 per position) would be far more than either.
+    WARN("hybrid 2x2: front end sent " << t.sent_during[0].sent << ", " << t.sent_during[1].sent << ", "
+                                       << t.sent_during[2].sent << ", " << t.sent_during[3].sent
+                                       << " bytes to nodes 0..3 over " << steps << " positions");
+    CHECK(t.sent_during[0].sent < one_hop);
     for (int node = 1; node < 4; ++node) {
       INFO("node " << node << ": front end sent " << t.sent_during[node].sent << " bytes");
       CHECK(t.sent_during[node].sent < one_hop / 4);
@@ -163,6 +172,9 @@ TEST_CASE("the front end forwards no activation bytes between stages", "[net][tr
   SECTION("control: without direct links CAF relays through the front end, and the count shows it") {
     auto t = generate_and_count(c, "pipeline", false, steps);
     CHECK(t.ids == expected);
+    WARN("relayed pipeline: front end sent " << t.sent_during[0].sent << ", " << t.sent_during[1].sent << ", "
+                                             << t.sent_during[2].sent << ", " << t.sent_during[3].sent
+                                             << " bytes to nodes 0..3 over " << steps << " positions");
     for (int node = 1; node < 4; ++node) {
       INFO("node " << node << ": front end sent " << t.sent_during[node].sent << " bytes");
       CHECK(t.sent_during[node].sent >= one_hop);
