@@ -163,7 +163,7 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
 
 }  // namespace
 
-void send_wiring(const runtime_shared& rt, int stage) {
+wiring wiring_of(const runtime_shared& rt, int stage) {
   const auto& plan = rt.plan;
   wiring w;
   for (int idx : plan.stages[stage].shards) {
@@ -175,7 +175,12 @@ void send_wiring(const runtime_shared& rt, int stage) {
       w.next.push_back(rt.actor_of[idx]);
       w.next_nodes.push_back(rt.node_of[idx]);
     }
-  for (int idx : plan.stages[stage].shards)
+  return w;
+}
+
+void send_wiring(const runtime_shared& rt, int stage) {
+  const wiring w = wiring_of(rt, stage);
+  for (int idx : rt.plan.stages[stage].shards)
     if (rt.actor_of[idx]) caf::anon_send(rt.actor_of[idx], wire_atom::value, w);
 }
 
@@ -312,7 +317,21 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
         .receive([](std::vector<supervision::child_info>&) {}, [](caf::error&) {});
     self->receive(caf::after(std::chrono::milliseconds(1)) >> [] {});
   }
-  for (size_t s = 0; s < plan.stages.size(); ++s) send_wiring(*rt, static_cast<int>(s));
+  // Every shard has its wiring before the first step: over daemons a step
+  // could otherwise overtake it (different senders, no order between them).
+  // A request to the void handler is answered once the wiring is applied.
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const wiring w = wiring_of(*rt, static_cast<int>(s));
+    for (int idx : plan.stages[s].shards) {
+      std::string err;
+      self->request(rt->actor_of[idx], deadline, wire_atom::value, w)
+          .receive([] {}, [&](caf::error& e) { err = to_string(e); });
+      if (!err.empty()) {
+        stop_runtime(*rt, *sup);
+        return make_error("placement index " + std::to_string(idx) + " did not take its wiring: " + err);
+      }
+    }
+  }
   return *sup;
 }
 
