@@ -1,4 +1,5 @@
 #include "supervision/heartbeat.hpp"
+#include "supervision/listeners.hpp"
 
 #include <algorithm>
 #include <map>
@@ -65,21 +66,8 @@ caf::behavior monitor_impl(monitor_actor* self, heartbeat_monitor_config cfg) {
                             "heartbeat monitor: peer " + std::to_string(peer) + " is not watched");
         return it->second.detector.phi(self->clock().now());
       },
-      [self](sv_listen_atom, caf::actor l) {
-        auto& ls = self->state.cfg.listeners;
-        if (l && std::find(ls.begin(), ls.end(), l) == ls.end()) {
-          self->monitor(l);
-          ls.push_back(std::move(l));
-        }
-      },
-      [self](sv_unlisten_atom, caf::actor l) {
-        auto& ls = self->state.cfg.listeners;
-        auto it = std::find(ls.begin(), ls.end(), l);
-        if (it != ls.end()) {
-          self->demonitor(l);
-          ls.erase(it);
-        }
-      },
+      [self](sv_listen_atom, caf::actor l) { add_listener(self, self->state.cfg.listeners, std::move(l)); },
+      [self](sv_unlisten_atom, caf::actor l) { remove_listener(self, self->state.cfg.listeners, l); },
       [self](hb_tick_atom) {
         auto& st = self->state;
         auto now = self->clock().now();

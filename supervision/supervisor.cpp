@@ -1,4 +1,5 @@
 #include "supervision/supervisor.hpp"
+#include "supervision/listeners.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -293,21 +294,8 @@ caf::behavior supervisor_impl(supervisor_actor* self, supervisor_config cfg) {
         for (auto& c : st.children) s.children.push_back(st.info(c));
         return s;
       },
-      [self](sv_listen_atom, caf::actor l) {
-        auto& ls = self->state.cfg.listeners;
-        if (l && std::find(ls.begin(), ls.end(), l) == ls.end()) {
-          self->monitor(l);
-          ls.push_back(std::move(l));
-        }
-      },
-      [self](sv_unlisten_atom, caf::actor l) {
-        auto& ls = self->state.cfg.listeners;
-        auto it = std::find(ls.begin(), ls.end(), l);
-        if (it != ls.end()) {
-          self->demonitor(l);
-          ls.erase(it);
-        }
-      },
+      [self](sv_listen_atom, caf::actor l) { add_listener(self, self->state.cfg.listeners, std::move(l)); },
+      [self](sv_unlisten_atom, caf::actor l) { remove_listener(self, self->state.cfg.listeners, l); },
       [self](sv_stop_atom) {
         self->state.done = true;
         self->state.terminate_all();
