@@ -1,0 +1,356 @@
+#include "tools/local_daemons.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <poll.h>
+#include <sstream>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace cellshard::tools {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string tail_of(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
+  return s;
+}
+
+/// waitpid with a deadline (WNOHANG polled every millisecond). True when reaped.
+bool reap_within(pid_t pid, std::chrono::milliseconds deadline, int* status_out = nullptr) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      if (status_out) *status_out = status;
+      return true;
+    }
+    if (r < 0 && errno != EINTR) return errno == ECHILD;  // not ours (any more)
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+}  // namespace
+
+result<std::string> daemon_models_dir(const std::string& model_path, const std::string& tokenizer_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (model_path.empty() || !fs::is_regular_file(model_path, ec))
+    return make_error("node daemons load the model by file name, but the model '" + model_path +
+                      "' is not a file (give -m with a model file)");
+  const fs::path dir = fs::absolute(fs::path(model_path), ec).parent_path();
+  const fs::path tok = dir / fs::path(tokenizer_path).filename();
+  if (!fs::is_regular_file(tok, ec))
+    return make_error("node daemons find the tokenizer beside the model, but " + tok.string() +
+                      " does not exist (tokenizer given: " + tokenizer_path + ")");
+  return dir.string();
+}
+
+result<std::unique_ptr<local_daemons>> local_daemons::start(int working, int spares, local_daemon_options opts) {
+  if (working < 1) return make_error("local daemons: at least one working daemon is needed (got " +
+                                     std::to_string(working) + ")");
+  if (spares < 0) return make_error("local daemons: spares must be >= 0 (got " + std::to_string(spares) + ")");
+  if (opts.models_dir.empty()) return make_error("local daemons: no models folder (--models) given");
+  std::unique_ptr<local_daemons> d(new local_daemons());
+  if (opts.binary.empty()) {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return make_error(std::string("local daemons: /proc/self/exe: ") + std::strerror(errno));
+    opts.binary.assign(buf, static_cast<size_t>(n));
+  }
+  if (opts.log_dir.empty()) {
+    char tmpl[] = "/tmp/cellshard-daemons-XXXXXX";
+    if (!::mkdtemp(tmpl)) return make_error(std::string("local daemons: mkdtemp: ") + std::strerror(errno));
+    d->log_dir_ = tmpl;
+    d->own_log_dir_ = true;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(opts.log_dir, ec);
+    if (ec) return make_error("local daemons: " + opts.log_dir + ": " + ec.message());
+    d->log_dir_ = opts.log_dir;
+  }
+  d->opts_ = std::move(opts);
+  d->spares_ = spares;
+  d->procs_.resize(static_cast<size_t>(working + spares));
+  for (int i = 0; i < working + spares; ++i) {
+    auto r = d->launch(i);
+    if (!r) return r.err();  // d's destructor stops the ones already started
+  }
+  return d;
+}
+
+result<void> local_daemons::launch(int i) {
+  proc& p = procs_[static_cast<size_t>(i)];
+  std::vector<std::string> args = {opts_.binary, "node", "--listen", "127.0.0.1:0", "--models", opts_.models_dir};
+  if (!opts_.profile.empty()) args.insert(args.end(), {"--profile", opts_.profile});
+  if (!opts_.memory.empty()) args.insert(args.end(), {"--memory", opts_.memory});
+  args.insert(args.end(), opts_.extra_args.begin(), opts_.extra_args.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  p.err_path = log_dir_ + "/node-" + std::to_string(i) + ".err";
+  const std::string who = "local daemon " + std::to_string(i);
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return make_error(who + ": pipe: " + std::strerror(errno));
+  const int err = ::open(p.err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (err < 0 || null_in < 0) {
+    const std::string why = std::strerror(errno);
+    for (int fd : {out[0], out[1], err, null_in})
+      if (fd >= 0) ::close(fd);
+    return make_error(who + ": " + p.err_path + ": " + why);
+  }
+  const pid_t parent = ::getpid();
+  const long max_fd = ::sysconf(_SC_OPEN_MAX);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Child: async-signal-safe calls only until execv.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) _exit(126);  // the parent died before prctl
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(null_in, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err, 2);
+    if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
+      for (long fd = 3; fd < (max_fd > 0 ? max_fd : 4096); ++fd) ::close(static_cast<int>(fd));
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  const int fork_errno = errno;
+  ::close(out[1]);
+  ::close(err);
+  ::close(null_in);
+  if (pid < 0) {
+    ::close(out[0]);
+    return make_error(who + ": fork: " + std::strerror(fork_errno));
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    p.pid = pid;
+    p.port = 0;
+    p.out_fd = out[0];
+    p.dead = false;
+    p.stopped = false;
+  }
+  // The first line, under the deadline.
+  std::string line;
+  const auto until = std::chrono::steady_clock::now() + opts_.start_deadline;
+  while (line.find('\n') == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      stop_one(p);
+      return make_error(who + " (pid " + std::to_string(pid) + "): no 'listening HOST:PORT' line within " +
+                        std::to_string(opts_.start_deadline.count()) + " ms; its stderr:\n" + log(i));
+    }
+    pollfd pf{p.out_fd, POLLIN, 0};
+    const int n = ::poll(&pf, 1, static_cast<int>(left));
+    if (n <= 0) continue;  // EINTR or timeout: the loop re-checks the deadline
+    char buf[256];
+    const ssize_t k = ::read(p.out_fd, buf, sizeof buf);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {  // stdout closed: it ended before listening
+      int status = 0;
+      std::string how = "ended";
+      if (reap_within(pid, std::chrono::milliseconds(5000), &status)) how = "ended with " + describe_status(status);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        p.pid = -1;
+        p.dead = true;
+      }
+      ::close(p.out_fd);
+      p.out_fd = -1;
+      return make_error(who + " (" + opts_.binary + " node) " + how + " before listening; its stderr:\n" + log(i));
+    }
+    line.append(buf, static_cast<size_t>(k));
+  }
+  line = line.substr(0, line.find('\n'));
+  const std::string prefix = "listening ";
+  const auto colon = line.rfind(':');
+  int port = 0;
+  if (line.compare(0, prefix.size(), prefix) == 0 && colon != std::string::npos)
+    port = std::atoi(line.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) {
+    stop_one(p);
+    return make_error(who + ": first line '" + line + "' is not 'listening HOST:PORT'");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  p.port = static_cast<uint16_t>(port);
+  return {};
+}
+
+void local_daemons::stop_one(proc& p) {
+  pid_t pid;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pid = p.pid;
+    p.pid = -1;
+    p.dead = true;
+    p.stopped = false;
+  }
+  if (pid > 0) {
+    ::kill(pid, SIGKILL);  // also ends a stopped process
+    if (!reap_within(pid, std::chrono::milliseconds(5000)))
+      std::fprintf(stderr, "warning: daemon pid %d did not end within 5 s of SIGKILL\n", static_cast<int>(pid));
+  }
+  if (p.out_fd >= 0) {
+    ::close(p.out_fd);
+    p.out_fd = -1;
+  }
+}
+
+local_daemons::~local_daemons() {
+  for (auto& p : procs_) stop_one(p);
+  if (own_log_dir_) {
+    std::error_code ec;
+    std::filesystem::remove_all(log_dir_, ec);
+  }
+}
+
+std::vector<actors::remote_node> local_daemons::entries() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<actors::remote_node> e;
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    actors::remote_node n;
+    n.host = "127.0.0.1";
+    n.port = procs_[i].port;
+    n.spare = static_cast<int>(i) >= static_cast<int>(procs_.size()) - spares_;
+    e.push_back(n);
+  }
+  return e;
+}
+
+result<void> local_daemons::write_cluster_file(const std::string& path) const {
+  std::ostringstream s;
+  s << "{\"nodes\": [";
+  const auto e = entries();
+  for (size_t i = 0; i < e.size(); ++i)
+    s << (i ? ", " : "") << "{\"host\": \"" << e[i].host << "\", \"port\": " << e[i].port
+      << ", \"spare\": " << (e[i].spare ? "true" : "false") << "}";
+  s << "]}\n";
+  std::ofstream out(path);
+  out << s.str();
+  if (!out) return make_error(path + ": cannot write the cluster file");
+  return {};
+}
+
+pid_t local_daemons::pid(int i) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return i >= 0 && i < size() ? procs_[static_cast<size_t>(i)].pid : -1;
+}
+
+uint16_t local_daemons::port(int i) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return i >= 0 && i < size() ? procs_[static_cast<size_t>(i)].port : 0;
+}
+
+std::string local_daemons::describe(int i) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (i < 0 || i >= size()) return "daemon " + std::to_string(i) + " (no such daemon)";
+  const auto& p = procs_[static_cast<size_t>(i)];
+  return "daemon " + std::to_string(i) + " (pid " + std::to_string(p.pid) + ", 127.0.0.1:" +
+         std::to_string(p.port) + ")";
+}
+
+result<int64_t> local_daemons::signal(int i, int sig) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (i < 0 || i >= size())
+    return make_error("daemon " + std::to_string(i) + ": no such daemon (" + std::to_string(size()) + " started)");
+  proc& p = procs_[static_cast<size_t>(i)];
+  if (p.dead || p.pid <= 0)
+    return make_error("daemon " + std::to_string(i) + ": not running (killed or ended), cannot send signal " +
+                      std::to_string(sig));
+  const int64_t t = now_ns();
+  if (::kill(p.pid, sig) != 0)
+    return make_error("daemon " + std::to_string(i) + " (pid " + std::to_string(p.pid) + "): kill(" +
+                      std::to_string(sig) + "): " + std::strerror(errno));
+  if (sig == SIGKILL) {
+    p.dead = true;
+    p.stopped = false;
+  } else if (sig == SIGSTOP) {
+    p.stopped = true;
+  } else if (sig == SIGCONT) {
+    p.stopped = false;
+  }
+  return t;
+}
+
+void local_daemons::thaw_all() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& p : procs_)
+    if (p.stopped && !p.dead && p.pid > 0) {
+      ::kill(p.pid, SIGCONT);
+      p.stopped = false;
+    }
+}
+
+bool local_daemons::frozen(int i) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return i >= 0 && i < size() && procs_[static_cast<size_t>(i)].stopped;
+}
+
+bool local_daemons::alive(int i) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return i >= 0 && i < size() && !procs_[static_cast<size_t>(i)].dead && procs_[static_cast<size_t>(i)].pid > 0;
+}
+
+bool local_daemons::reap() {
+  bool all = true;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& p : procs_) {
+    if (p.pid <= 0) {
+      all = false;
+      continue;
+    }
+    int status = 0;
+    if (::waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      p.pid = -1;
+      p.dead = true;
+      p.stopped = false;
+    }
+    if (p.dead) all = false;
+  }
+  return all;
+}
+
+result<void> local_daemons::restart(int i) {
+  if (i < 0 || i >= size()) return make_error("daemon " + std::to_string(i) + ": no such daemon");
+  stop_one(procs_[static_cast<size_t>(i)]);
+  return launch(i);
+}
+
+std::string local_daemons::log(int i, size_t max_bytes) const {
+  if (i < 0 || i >= size()) return "";
+  return tail_of(procs_[static_cast<size_t>(i)].err_path, max_bytes);
+}
+
+}  // namespace cellshard::tools
