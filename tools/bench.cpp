@@ -68,8 +68,45 @@ void add_bench(CLI::App& app, int& status) {
   rb->add_option("--contexts", ro->contexts, "positions at which the fault fires")->delimiter(',')
       ->capture_default_str();
   rb->add_option("--json", *rjson, "rows as JSON to FILE (- = stdout)");
-  rb->callback([ro, rjson, &status] {
+  // --processes: node daemon processes, SIGKILL and SIGSTOP from outside (issue #7).
+  auto po = std::make_shared<recovery_process_bench_options>();
+  auto* g = "Node daemon processes (--processes)";
+  auto* processes = rb->add_flag("--processes", "node daemon processes on loopback: SIGKILL and SIGSTOP of a "
+                                 "daemon mid-generation (issue #7); --nodes working daemons + --spares")
+                        ->group(g);
+  rb->add_option("--spares", po->spares, "spare daemons (with --processes)")->capture_default_str()->group(g);
+  rb->add_option("--repeat", po->repeat, "kills and freezes each (with --processes)")->capture_default_str()
+      ->group(g);
+  rb->add_option("-n,--steps", po->steps, "positions per run, greedy (with --processes)")->capture_default_str()
+      ->group(g);
+  rb->add_option("--at", po->at, "signal the daemon when this many tokens were delivered (with --processes)")
+      ->capture_default_str()->group(g);
+  rb->add_option("--pace-ms", po->pace_ms, "slow fault on placement index 0, ms per step, so that the signal "
+                 "lands mid-generation (0: unpaced)")->capture_default_str()->group(g);
+  rb->add_option("--topology", po->topology, "placement over the daemons (with --processes)")
+      ->capture_default_str()->group(g);
+  rb->add_option("--deadline", po->deadline_s, "a run that takes longer fails (s)")->capture_default_str()
+      ->group(g);
+  rb->add_option("--out", po->out, "folder for the timeline CSVs, the rows JSON and recovery_timeline.png")
+      ->capture_default_str()->group(g);
+  rb->add_flag("--no-plot", "skip the gnuplot PNG")->group(g);
+  rb->callback([ro, po, rb, processes, rjson, &status] {
     std::vector<bench_row> rows;
+    if (processes->count() > 0) {
+      po->model = ro->model;
+      po->tokenizer = ro->tokenizer;
+      if (rb->count("--nodes") > 0) po->nodes = ro->nodes;
+      if (rb->count("--checkpoint-every") > 0) po->checkpoint_every = ro->checkpoint_every.front();
+      po->plot = rb->count("--no-plot") == 0;
+      status = run_recovery_process_bench(*po, rows);
+      const std::string j = print_rows(rows);
+      write_text(po->out + "/recovery_processes.json", j);
+      if (!rjson->empty()) write_text(*rjson, j);
+      return;
+    }
+    for (const char* f : {"--spares", "--repeat", "--steps", "--at", "--pace-ms", "--topology", "--deadline", "--out",
+                          "--no-plot"})
+      if (rb->count(f) > 0) throw cli_error(std::string(f) + " needs --processes", 2);
     status = run_recovery_bench(*ro, rows);
     const std::string j = print_rows(rows);
     if (!rjson->empty()) write_text(*rjson, j);

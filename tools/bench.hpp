@@ -42,6 +42,30 @@ struct recovery_bench_options {
 
 int run_recovery_bench(const recovery_bench_options& o, std::vector<bench_row>& rows);
 
+/// `bench recovery --processes`: node daemon processes on loopback (`nodes`
+/// working + `spares`), a fault-free paced baseline, then `repeat` times a
+/// SIGKILL of the daemon hosting placement index 1 and a SIGSTOP of the one
+/// hosting index 2 at the `at`-th token; detection (signal -> the runtime's
+/// decision), recovery (decision -> next token), positions replayed, and the
+/// ids checked against the baseline's. Writes rows JSON, the timeline CSVs
+/// and recovery_timeline.png (gnuplot) into `out`.
+struct recovery_process_bench_options {
+  std::string model, tokenizer;
+  std::string topology = "pipeline";
+  int nodes = 3;        // working daemons
+  int spares = 2;       // spare daemons
+  int repeat = 3;       // kills and freezes each
+  int steps = 160;      // positions per run (greedy)
+  int at = 40;          // act when this many tokens were delivered
+  int pace_ms = 20;     // slow fault on placement index 0 (0: unpaced)
+  int checkpoint_every = 16;
+  int deadline_s = 60;  // per run
+  std::string out = "bench-recovery";
+  bool plot = true;
+};
+
+int run_recovery_process_bench(const recovery_process_bench_options& o, std::vector<bench_row>& rows);
+
 /// Prints rows as a table and returns them as JSON text.
 std::string print_rows(const std::vector<bench_row>& rows);
 

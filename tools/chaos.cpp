@@ -3,19 +3,44 @@
 // diverged when it finished with other ids than the reference, hung when it
 // did not finish within its deadline, failed when it ended with a clear error
 // (e.g. no spare left). Diverged and hung runs must be 0.
+//
+// Where the nodes are:
+//   --nodes N --spares K   in-process nodes (the default);
+//   --cluster FILE         node daemons that run already; the plans' faults are
+//                          injected inside the daemons (fault plans over daemons);
+//   --processes N --spares K
+//                          N + K node daemons started here (tools/local_daemons);
+//                          the plans may also hold external faults:
+//                            kill:node=I:step=K       SIGKILL of the daemon hosting
+//                                                     placement index I when the K-th
+//                                                     token is delivered;
+//                            stop:node=I:step=K[:ms=D] SIGSTOP of it, SIGCONT after
+//                                                     D ms (no D: after the run).
+//                          Killed and stopped daemons are replaced by fresh ones
+//                          before the next run, so every run has the full cluster.
+// Every run has a deadline (--deadline); past it the run is hung, and over
+// --processes every daemon is replaced.
 #include "actors/cluster.hpp"
+#include "actors/remote.hpp"
 #include "supervision/fault_plan.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "tools/local_daemons.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <csignal>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <set>
+#include <thread>
 
 namespace cellshard::tools {
 
@@ -32,6 +57,12 @@ struct chaos_opts {
   int nodes = 4, spares = 2;
   int step_timeout_min_ms = 500;
   int deadline_s = 120;
+  std::vector<std::string> kinds;    // kinds to draw from ("" = all available)
+  // Node daemons.
+  std::string cluster;               // --cluster FILE
+  int processes = 0;                 // --processes N (0: off)
+  std::string tls_cert, tls_key, tls_ca;
+  std::string daemon_logs;           // --daemon-logs DIR (processes)
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -40,12 +71,50 @@ double percentile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(std::round(q * (v.size() - 1)))];
 }
 
-/// Draws one fault: any kind, on a working shard, at a position the reference reached.
-supervision::fault_plan draw(std::mt19937_64& rng, int shards, int positions) {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// A fault from outside a daemon process (--processes only).
+struct external_fault {
+  std::string kind;  // "kill" (SIGKILL) | "stop" (SIGSTOP, then SIGCONT)
+  int index = 0;     // placement index whose daemon (at the time) is signalled
+  int at = 1;        // when the at-th token is delivered
+  int ms = 0;        // stop: SIGCONT after ms (0: after the run)
+};
+
+std::string to_string(const external_fault& f) {
+  std::string s = f.kind + ":node=" + std::to_string(f.index) + ":step=" + std::to_string(f.at);
+  if (f.ms > 0) s += ":ms=" + std::to_string(f.ms);
+  return s;
+}
+
+/// One drawn fault: an injected plan or an external signal.
+struct drawn_fault {
+  bool external = false;
+  supervision::fault_plan plan;
+  external_fault ext;
+  std::string text() const { return external ? to_string(ext) : supervision::to_string(plan); }
+};
+
+/// Draws one fault of a kind in `kinds`, on a working shard, at a position the reference reached.
+drawn_fault draw(std::mt19937_64& rng, const std::vector<std::string>& kinds, int shards, int positions) {
   using K = supervision::fault_kind;
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  supervision::fault_plan f;
-  f.kind = static_cast<K>(uni(0, static_cast<int>(K::count) - 1));
+  drawn_fault d;
+  const std::string kind = kinds[static_cast<size_t>(uni(0, static_cast<int>(kinds.size()) - 1))];
+  if (kind == "kill" || kind == "stop") {
+    d.external = true;
+    d.ext.kind = kind;
+    d.ext.index = uni(0, shards - 1);
+    d.ext.at = uni(1, std::max(1, positions - 2));
+    if (kind == "stop" && uni(0, 1)) d.ext.ms = uni(100, 2000);
+    return d;
+  }
+  auto& f = d.plan;
+  f.kind = supervision::parse_fault_kind(kind).value();
   f.node = static_cast<uint32_t>(uni(0, shards - 1));
   f.step = static_cast<uint64_t>(uni(0, std::max(0, positions - 2)));
   switch (f.kind) {
@@ -66,12 +135,66 @@ supervision::fault_plan draw(std::mt19937_64& rng, int shards, int positions) {
     case K::partition: f.duration_ms = static_cast<uint64_t>(uni(50, 1500)); break;
     default: break;
   }
-  return f;
+  return d;
 }
+
+/// SIGCONTs stopped daemons at their time, on its own thread, until stop().
+class thaw_timer {
+public:
+  explicit thaw_timer(local_daemons& d) : d_(d), th_([this] { loop(); }) {}
+  ~thaw_timer() { stop(); }
+  void add(int daemon, int64_t at_ns) {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.push_back({at_ns, daemon});
+    cv_.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+      cv_.notify_all();
+    }
+    if (th_.joinable()) th_.join();
+  }
+
+private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!done_) {
+      if (pending_.empty()) {
+        cv_.wait(lk);  // woken by add() or stop()
+        continue;
+      }
+      auto first = std::min_element(pending_.begin(), pending_.end());
+      const int64_t now = steady_ns();
+      if (now >= first->first) {
+        d_.thaw(first->second);  // an error (daemon killed meanwhile) leaves nothing to thaw
+        pending_.erase(first);
+        continue;
+      }
+      cv_.wait_for(lk, std::chrono::nanoseconds(first->first - now));
+    }
+  }
+  local_daemons& d_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<int64_t, int>> pending_;
+  bool done_ = false;
+  std::thread th_;
+};
+
+/// What happened to one external fault in a run.
+struct fired_external {
+  external_fault f;
+  int daemon = -1;
+  int64_t fired_ns = 0;  // 0: not sent
+  std::string note;      // why not, when not
+};
 
 int do_chaos(const chaos_opts& o) {
   loaded_model lm = load_model(o.model, o.tokenizer);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
+  const bool daemons_mode = o.processes > 0 || !o.cluster.empty();
   actors::cluster_options base;
   base.file = lm.file;
   base.tok = lm.tok;
@@ -88,11 +211,61 @@ int do_chaos(const chaos_opts& o) {
   gp = model::normalise(gp, lm.file->cfg().seq_len);
   const auto deadline = std::chrono::seconds(o.deadline_s);
 
+  // The kinds to draw from.
+  std::vector<std::string> kinds = o.kinds;
+  if (kinds.empty()) {
+    for (int k = 0; k < static_cast<int>(supervision::fault_kind::count); ++k)
+      kinds.push_back(supervision::to_string(static_cast<supervision::fault_kind>(k)));
+    if (o.processes > 0) kinds.insert(kinds.end(), {"kill", "stop"});
+  }
+  for (const auto& k : kinds) {
+    if (k == "kill" || k == "stop") {
+      if (o.processes == 0)
+        throw cli_error("--kinds " + k + ": external faults need daemons started by chaos (--processes N)", 2);
+    } else if (!supervision::parse_fault_kind(k)) {
+      throw cli_error("--kinds: " + supervision::parse_fault_kind(k).message() + ", kill or stop", 2);
+    }
+  }
+
+  // Node daemons: started here (--processes) or given (--cluster).
+  std::unique_ptr<local_daemons> daemons;
+  actors::remote_options ro;
+  ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
+  ro.default_profile = o.profile;
+  if (o.processes > 0) {
+    auto dir = daemon_models_dir(lm.file->path(), lm.tok->name());
+    if (!dir) throw cli_error(dir.message());
+    local_daemon_options lo;
+    lo.models_dir = *dir;
+    lo.profile = o.profile;
+    lo.log_dir = o.daemon_logs;
+    std::fprintf(stderr, "starting %d + %d node daemons\n", o.processes, o.spares);
+    auto d = local_daemons::start(o.processes, o.spares, lo);
+    if (!d) throw cli_error(d.message());
+    daemons = std::move(*d);
+  }
+  auto make_host = [&]() -> std::shared_ptr<actors::shard_host> {
+    if (daemons) return std::make_shared<actors::remote_host>(daemons->entries(), ro);
+    auto h = actors::remote_host::from_file(o.cluster, ro);
+    if (!h) throw cli_error(h.message());
+    return *h;
+  };
+  // Every shard has its wiring before the first step (as run --cluster does).
+  auto start_cluster = [&](const actors::cluster_options& co) -> result<std::unique_ptr<actors::cluster>> {
+    auto c = actors::cluster::start(co);
+    if (!c || !daemons_mode) return c;
+    auto wired = (*c)->stats();
+    if (!wired) return make_error("wiring check: " + wired.message());
+    return c;
+  };
+
   // The fault-free reference of this placement.
   std::vector<int> reference;
   int shards = 0;
   {
-    auto c = actors::cluster::start(base);
+    actors::cluster_options co = base;
+    if (daemons_mode) co.host = make_host();
+    auto c = start_cluster(co);
     if (!c) throw cli_error(c.message());
     shards = static_cast<int>((*c)->placement().shards.size());
     auto r = (*c)->generate(gp, {}, deadline);
@@ -100,61 +273,162 @@ int do_chaos(const chaos_opts& o) {
     reference = r->result.ids;
   }
   const int positions = static_cast<int>(reference.size()) - 1;
-  std::fprintf(stderr, "reference: %d positions on %d shard(s), %s; %d runs, seed %llu\n", positions, shards,
-               o.topology.c_str(), o.runs, o.seed);
+  const std::string where = o.processes > 0 ? std::to_string(o.processes) + " + " + std::to_string(o.spares) +
+                                                  " daemon processes"
+                            : !o.cluster.empty() ? "the daemons of " + o.cluster
+                                                 : std::to_string(o.nodes) + " + " + std::to_string(o.spares) +
+                                                       " in-process nodes";
+  std::fprintf(stderr, "reference: %d positions on %d shard(s), %s over %s; %d runs, seed %llu\n", positions, shards,
+               o.topology.c_str(), where.c_str(), o.runs, o.seed);
 
   std::mt19937_64 rng(o.seed);
   int diverged = 0, hung = 0, failed = 0;
   std::vector<double> detect, recover;
   nlohmann::json details = nlohmann::json::array();
   std::printf("%-4s %-60s %-9s %s\n", "run", "faults", "outcome", "detail");
+  std::fflush(stdout);
   for (int run = 0; run < o.runs; ++run) {
     actors::cluster_options co = base;
     std::string plan_text;
     nlohmann::json plan = nlohmann::json::array();
+    std::vector<fired_external> externals;
     for (int k = 0; k < o.faults_per_run; ++k) {
-      auto f = draw(rng, shards, positions);
-      co.faults.push_back(f);
-      plan_text += (plan_text.empty() ? "" : " ") + supervision::to_string(f);
-      plan.push_back(supervision::to_string(f));
+      auto f = draw(rng, kinds, shards, positions);
+      if (f.external)
+        externals.push_back({f.ext, -1, 0, ""});
+      else
+        co.faults.push_back(f.plan);
+      plan_text += (plan_text.empty() ? "" : " ") + f.text();
+      plan.push_back(f.text());
     }
     std::string outcome, detail;
     nlohmann::json faults_json = nlohmann::json::array();
-    auto c = actors::cluster::start(co);
-    if (!c) {
-      outcome = "failed";
-      detail = c.message();
-      ++failed;
-    } else {
-      auto r = (*c)->generate(gp, {}, deadline);
-      if (!r) {
-        outcome = "hung";
-        detail = r.message();
-        ++hung;
-      } else if (!r->ok) {
+    const auto t_run = std::chrono::steady_clock::now();
+    bool teardown_all = false;
+    {
+      if (daemons_mode) co.host = make_host();
+      auto c = start_cluster(co);
+      if (!c) {
         outcome = "failed";
-        detail = r->error;
+        detail = c.message();
         ++failed;
-      } else if (r->result.ids != reference) {
-        size_t d = 0;
-        while (d < reference.size() && d < r->result.ids.size() && reference[d] == r->result.ids[d]) ++d;
-        outcome = "DIVERGED";
-        detail = "first difference at position " + std::to_string(d);
-        ++diverged;
       } else {
-        outcome = "ok";
-        detail = std::to_string(r->recoveries.size()) + " recoveries, " + std::to_string(r->retries) + " re-sends";
+        std::unique_ptr<thaw_timer> timer;
+        if (daemons && !externals.empty()) timer = std::make_unique<thaw_timer>(*daemons);
+        std::mutex mu;
+        int delivered = 0;
+        actors::cluster* cl = c->get();
+        auto on_token = [&](uint64_t, int, const std::string&) {
+          if (externals.empty()) return;
+          std::lock_guard<std::mutex> lk(mu);
+          ++delivered;
+          for (auto& e : externals) {
+            if (e.f.at != delivered || e.fired_ns != 0) continue;
+            const auto nodes = cl->current_nodes();
+            if (e.f.index >= static_cast<int>(nodes.size())) {
+              e.note = "no placement index " + std::to_string(e.f.index);
+              continue;
+            }
+            e.daemon = nodes[static_cast<size_t>(e.f.index)];
+            auto r = daemons->signal(e.daemon, e.f.kind == "kill" ? SIGKILL : SIGSTOP);  // no wait
+            if (!r) {
+              e.note = r.message();
+              continue;
+            }
+            e.fired_ns = *r;
+            if (e.f.kind == "stop" && e.f.ms > 0) timer->add(e.daemon, e.fired_ns + int64_t(e.f.ms) * 1000000);
+          }
+        };
+        auto r = (*c)->generate(gp, on_token, deadline);
+        if (timer) timer->stop();
+        if (daemons) daemons->thaw_all();  // stops without ms= end with the run
+        std::lock_guard<std::mutex> lk(mu);
+        if (!r) {
+          outcome = "hung";
+          detail = r.message();
+          ++hung;
+          teardown_all = true;
+        } else if (!r->ok) {
+          outcome = "failed";
+          detail = r->error;
+          ++failed;
+        } else if (r->result.ids != reference) {
+          size_t d = 0;
+          while (d < reference.size() && d < r->result.ids.size() && reference[d] == r->result.ids[d]) ++d;
+          outcome = "DIVERGED";
+          detail = "first difference at position " + std::to_string(d);
+          ++diverged;
+        } else {
+          outcome = "ok";
+          detail = std::to_string(r->recoveries.size()) + " recoveries, " + std::to_string(r->retries) +
+                   " re-sends";
+        }
+        std::set<size_t> used;  // records matched to an external fault
+        for (const auto& e : externals) {
+          nlohmann::json fj = {{"kind", e.f.kind}, {"node", e.f.index}, {"step", e.f.at}, {"daemon", e.daemon},
+                               {"detect_ms", -1}, {"recover_ms", -1}, {"replayed_positions", 0}};
+          if (e.fired_ns == 0) {
+            fj["note"] = e.note.empty() ? "not sent: the run ended first" : e.note;
+            faults_json.push_back(fj);
+            continue;
+          }
+          // The runtime's record of it: the first unmatched decision about
+          // that daemon taken after the signal (node-down / node-silent).
+          const auto records = cl->faults();
+          for (size_t k = 0; k < records.size(); ++k) {
+            const auto& f = records[k];
+            if (used.count(k) || f.node != e.daemon || f.decided_ns < e.fired_ns || f.fired_ns != 0) continue;
+            used.insert(k);
+            const double det = (f.decided_ns - e.fired_ns) / 1e6;
+            const double rec = f.recovered_ns > 0 ? (f.recovered_ns - f.decided_ns) / 1e6 : f.recover_ms;
+            fj["record"] = f.kind;
+            fj["detect_ms"] = det;
+            fj["recover_ms"] = rec;
+            fj["replayed_positions"] = f.replayed_positions;
+            fj["moved_to_node"] = f.moved_to_node;
+            detect.push_back(det);
+            if (rec >= 0) recover.push_back(rec);
+            break;
+          }
+          faults_json.push_back(fj);
+        }
+        const auto records = cl->faults();
+        for (size_t k = 0; k < records.size(); ++k) {
+          const auto& f = records[k];
+          if (used.count(k)) continue;
+          if (f.detect_ms >= 0) detect.push_back(f.detect_ms);
+          if (f.recover_ms >= 0) recover.push_back(f.recover_ms);
+          faults_json.push_back({{"kind", f.kind}, {"node", f.index}, {"step", f.step}, {"detect_ms", f.detect_ms},
+                                 {"recover_ms", f.recover_ms}, {"replayed_positions", f.replayed_positions},
+                                 {"host_node", f.node}, {"moved_to_node", f.moved_to_node}});
+        }
       }
-      for (const auto& f : (*c)->faults()) {
-        if (f.detect_ms >= 0) detect.push_back(f.detect_ms);
-        if (f.recover_ms >= 0) recover.push_back(f.recover_ms);
-        faults_json.push_back({{"kind", f.kind}, {"node", f.index}, {"step", f.step}, {"detect_ms", f.detect_ms},
-                               {"recover_ms", f.recover_ms}, {"replayed_positions", f.replayed_positions}});
+    }  // the cluster is shut down here
+    if (daemons) {
+      // The next run gets the full cluster: fresh daemons for the killed and
+      // stopped ones (and for every one after a hung run).
+      daemons->reap();
+      const std::string ends = daemons->unexpected_ends();
+      if (!ends.empty()) detail += " [" + ends + "]";
+      for (int i = 0; i < daemons->size(); ++i) {
+        bool replace = teardown_all || !daemons->alive(i);
+        for (const auto& e : externals)
+          if (e.daemon == i && e.fired_ns != 0) replace = true;
+        if (!replace) continue;
+        auto r = daemons->restart(i);
+        if (!r) throw cli_error("chaos: replacing " + daemons->describe(i) + " after run " + std::to_string(run) +
+                                ": " + r.message());
       }
     }
+    const double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count();
     std::printf("%-4d %-60s %-9s %s\n", run, plan_text.c_str(), outcome.c_str(), detail.c_str());
     std::fflush(stdout);
-    details.push_back({{"run", run}, {"plan", plan}, {"outcome", outcome}, {"detail", detail}, {"faults", faults_json}});
+    details.push_back({{"run", run},
+                       {"plan", plan},
+                       {"outcome", outcome},
+                       {"detail", detail},
+                       {"duration_ms", run_ms},
+                       {"faults", faults_json}});
   }
   nlohmann::json j = {{"runs", o.runs},
                       {"diverged_runs", diverged},
@@ -164,6 +438,7 @@ int do_chaos(const chaos_opts& o) {
                       {"detect_ms_p99", percentile(detect, 0.99)},
                       {"recover_ms_p50", percentile(recover, 0.5)},
                       {"recover_ms_p99", percentile(recover, 0.99)},
+                      {"nodes", where},
                       {"details", details}};
   std::printf("runs %d: %d diverged, %d hung, %d failed with a clear error; detect p50 %.1f ms p99 %.1f ms; "
               "recover p50 %.2f ms p99 %.2f ms\n",
@@ -188,8 +463,12 @@ void add_chaos(CLI::App& app, int& status) {
   cmd->add_option("--runs", o->runs, "runs")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the fault plans")->capture_default_str();
   cmd->add_option("--faults-per-run", o->faults_per_run, "faults per run")->capture_default_str();
+  cmd->add_option("--kinds", o->kinds,
+                  "fault kinds to draw from (default: all; crash,silence,slow,drop,delay,corrupt,partition, "
+                  "and with --processes kill,stop)")->delimiter(',');
   cmd->add_option("--nodes", o->nodes, "in-process nodes")->capture_default_str();
-  cmd->add_option("--spares", o->spares, "spare nodes")->capture_default_str();
+  cmd->add_option("--spares", o->spares, "spare nodes (in process, or spare daemons with --processes)")
+      ->capture_default_str();
   cmd->add_option("--topology", o->topology, "pipeline|tensor|hybrid:PxT")->capture_default_str();
   cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
   cmd->add_option("--link", o->link, "link override BANDWIDTH:LATENCY");
@@ -197,7 +476,33 @@ void add_chaos(CLI::App& app, int& status) {
       ->capture_default_str();
   cmd->add_option("--deadline", o->deadline_s, "a run that takes longer is hung (s)")->capture_default_str();
   cmd->add_option("--json", o->json_out, "summary JSON to FILE (- = stdout)");
-  cmd->callback([o, &status] { status = do_chaos(*o); });
+  auto* g = "Node daemons";
+  auto* cluster = cmd->add_option("--cluster", o->cluster, "node daemons that run already (cluster JSON); faults "
+                                  "are injected inside them")->group(g);
+  auto* processes = cmd->add_option("--processes", o->processes,
+                                    "start N working node daemons (+ --spares) here; the plans may also SIGKILL "
+                                    "(kill) and SIGSTOP (stop) them")->group(g);
+  cmd->add_option("--daemon-logs", o->daemon_logs, "keep the started daemons' stderr in DIR (with --processes)")
+      ->group(g);
+  cmd->add_option("--tls-cert", o->tls_cert, "mutual TLS with the nodes of --cluster: this side's certificate")
+      ->group(g);
+  cmd->add_option("--tls-key", o->tls_key, "its private key (PEM)")->group(g);
+  cmd->add_option("--tls-ca", o->tls_ca, "the CA that signs every node's certificate (PEM)")->group(g);
+  cluster->excludes(processes);
+  cmd->callback([o, cmd, &status] {
+    if (!o->cluster.empty() && cmd->count("--nodes") + cmd->count("--spares") > 0)
+      throw cli_error("--cluster: the nodes are the file's; drop --nodes/--spares", 2);
+    if (o->processes > 0 && cmd->count("--nodes") > 0)
+      throw cli_error("--processes N gives the working nodes; drop --nodes", 2);
+    if (cmd->count("--processes") > 0 && o->processes < 1) throw cli_error("--processes must be at least 1", 2);
+    if (o->cluster.empty() && (!o->tls_cert.empty() || !o->tls_key.empty() || !o->tls_ca.empty()))
+      throw cli_error("--tls-cert/--tls-key/--tls-ca secure the connections to node daemons: they need --cluster",
+                      2);
+    if (!o->daemon_logs.empty() && o->processes == 0) throw cli_error("--daemon-logs needs --processes", 2);
+    auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
+    if (!tls) throw cli_error(tls.message(), 2);
+    status = do_chaos(*o);
+  });
 }
 
 }  // namespace cellshard::tools

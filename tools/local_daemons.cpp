@@ -159,7 +159,9 @@ result<void> local_daemons::launch(int i) {
     p.port = 0;
     p.out_fd = out[0];
     p.dead = false;
+    p.killed = false;
     p.stopped = false;
+    p.ended.clear();
   }
   // The first line, under the deadline.
   std::string line;
@@ -215,6 +217,7 @@ void local_daemons::stop_one(proc& p) {
     pid = p.pid;
     p.pid = -1;
     p.dead = true;
+    p.killed = true;
     p.stopped = false;
   }
   if (pid > 0) {
@@ -295,6 +298,7 @@ result<int64_t> local_daemons::signal(int i, int sig) {
                       std::to_string(sig) + "): " + std::strerror(errno));
   if (sig == SIGKILL) {
     p.dead = true;
+    p.killed = true;
     p.stopped = false;
   } else if (sig == SIGSTOP) {
     p.stopped = true;
@@ -333,6 +337,9 @@ bool local_daemons::reap() {
     }
     int status = 0;
     if (::waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      if (!p.killed)
+        p.ended = "daemon " + std::to_string(&p - procs_.data()) + " (pid " + std::to_string(p.pid) +
+                  ", 127.0.0.1:" + std::to_string(p.port) + ") ended: " + describe_status(status);
       p.pid = -1;
       p.dead = true;
       p.stopped = false;
@@ -340,6 +347,14 @@ bool local_daemons::reap() {
     if (p.dead) all = false;
   }
   return all;
+}
+
+std::string local_daemons::unexpected_ends() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string s;
+  for (const auto& p : procs_)
+    if (!p.ended.empty()) s += (s.empty() ? "" : "; ") + p.ended;
+  return s;
 }
 
 result<void> local_daemons::restart(int i) {

@@ -93,6 +93,9 @@ public:
 
   /// Collects every daemon that ended (non-blocking); true when all still run.
   bool reap();
+  /// After reap(): "daemon 2 (pid 1234, 127.0.0.1:40411) ended: signal 11; ..."
+  /// for every daemon that ended without being killed here ("" when none).
+  std::string unexpected_ends() const;
   /// Stops daemon i (SIGKILL, waitpid under a 5 s deadline) if it runs and
   /// starts a fresh one in its place (a new port: call entries() again).
   result<void> restart(int i);
@@ -108,6 +111,8 @@ private:
     int out_fd = -1;       // read end of its stdout (kept open: a closed pipe would SIGPIPE it)
     bool dead = false;     // killed or ended, not yet reaped
     bool stopped = false;  // SIGSTOPped and not SIGCONTed
+    bool killed = false;   // by signal(SIGKILL) or stop_one
+    std::string ended;     // how it ended, when reap() found it ended by itself
     std::string err_path;
   };
   local_daemons() = default;
