@@ -366,6 +366,7 @@ void cluster::shutdown() {
     std::lock_guard<std::mutex> lock(impl_->rt->mu);
     impl_->rt->actor_of.assign(impl_->rt->actor_of.size(), caf::actor{});
     impl_->rt->heartbeats.clear();
+    impl_->rt->stage_supervisors.clear();
     impl_->rt->heartbeat_monitor = nullptr;
     impl_->rt->coordinator = nullptr;
   }

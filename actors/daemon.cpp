@@ -7,6 +7,8 @@
 #include "model/checkpoint.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
+#include "supervision/fault_plan.hpp"
+#include "supervision/heartbeat.hpp"
 #include "topologies/profile.hpp"
 
 #include <caf/all.hpp>
@@ -17,6 +19,7 @@
 #include <map>
 #include <set>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace cellshard::actors {
 
@@ -39,6 +42,7 @@ struct cached_file {
 struct client_record {
   cluster_fingerprint fp;
   std::set<caf::actor_addr> shards;
+  std::vector<caf::actor> heartbeats;  // senders started for this front end
 };
 
 struct daemon_state {
@@ -107,6 +111,7 @@ void stop_client(daemon_actor* self, const caf::actor_addr& owner, const std::st
     }
     st.owner_of.erase(s);
   }
+  for (auto& h : it->second.heartbeats) self->send_exit(h, caf::exit_reason::user_shutdown);
   st.clients.erase(it);
   log(self, "front end gone (" + why + "): stopped " + std::to_string(n) + " shard(s)");
 }
@@ -165,6 +170,23 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
                 " already in use";
     return out;
   }
+  std::shared_ptr<supervision::fault_injector> faults;
+  if (!s.faults.empty()) {
+    faults = std::make_shared<supervision::fault_injector>();
+    for (const auto& spec : s.faults) {
+      auto p = supervision::parse_fault_spec(spec);
+      if (!p) {
+        out.error = "placement index " + std::to_string(s.index) + ": " + p.message();
+        return out;
+      }
+      if (p->node != static_cast<uint32_t>(s.index)) {
+        out.error = "placement index " + std::to_string(s.index) + ": fault plan '" + spec +
+                    "' is for placement index " + std::to_string(p->node);
+        return out;
+      }
+      faults->add(*p);
+    }
+  }
   n.index = s.node;
   shard_init init;
   init.index = s.index;
@@ -172,6 +194,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   init.rank = s.rank;
   init.group_size = s.group_size;
   init.checkpoint_every = s.checkpoint_every;
+  init.faults = std::move(faults);
   init.heartbeat = s.heartbeat;
   init.coordinator = s.coordinator;
   init.weights = *w;
@@ -186,7 +209,8 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   out.weight_bytes = (*w)->bytes();
   log(self, "placement index " + std::to_string(s.index) + " (stage " + std::to_string(s.stage) +
                 " rank " + std::to_string(s.rank) + ", " + spec.to_string() + ") started, " +
-                topologies::format_bytes(out.weight_bytes) + " of weights");
+                topologies::format_bytes(out.weight_bytes) + " of weights" +
+                (s.faults.empty() ? std::string() : ", " + std::to_string(s.faults.size()) + " fault plan(s)"));
   return out;
 }
 
@@ -290,6 +314,8 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
   self->set_exit_handler([=](caf::exit_msg& em) {
     for (auto& kv : self->state.shard_handles) self->send_exit(kv.second, em.reason);
     self->state.shard_handles.clear();
+    for (auto& c : self->state.clients)
+      for (auto& h : c.second.heartbeats) self->send_exit(h, em.reason);
     self->quit(em.reason);
   });
   return {
@@ -349,6 +375,27 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         return job->rp;
       },
       [=](shard_spawn& s) -> shard_spawned { return do_spawn(self, s); },
+      [=](heartbeat_start& h) -> heartbeat_started {
+        auto& st = self->state;
+        heartbeat_started r;
+        auto cl = st.clients.find(h.owner.address());
+        if (!h.owner || cl == st.clients.end()) {
+          r.error = "this front end has not joined (node_join first)";
+          return r;
+        }
+        if (!h.monitor || h.interval_ms < 1) {
+          r.error = "heartbeat_start needs a monitor and an interval of at least 1 ms";
+          return r;
+        }
+        supervision::heartbeat_sender_config hc;
+        hc.monitor = h.monitor;
+        hc.peer = h.peer;
+        hc.interval = std::chrono::milliseconds(h.interval_ms);
+        r.sender = supervision::spawn_heartbeat_sender(self->system(), hc);
+        cl->second.heartbeats.push_back(r.sender);
+        log(self, "heartbeats every " + std::to_string(h.interval_ms) + " ms as node " + std::to_string(h.peer));
+        return r;
+      },
       [=](stats_atom) -> node_report {
         auto& st = self->state;
         node_report r;
@@ -358,6 +405,7 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.used_bytes = st.node->used_bytes.load();
         r.shards = static_cast<int32_t>(st.shard_handles.size());
         r.clients = static_cast<int32_t>(st.clients.size());
+        r.pid = static_cast<int32_t>(::getpid());
         return r;
       },
   };

@@ -14,12 +14,14 @@
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 #include "supervision/fault_plan.hpp"
+#include "supervision/heartbeat.hpp"
 #include "topologies/placement.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -55,6 +57,26 @@ public:
   virtual result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) = 0;
   /// Bytes in use on each node, by node index (empty when unknown).
   virtual std::vector<uint64_t> node_memory() const { return {}; }
+  /// Starts node `node`'s heartbeat sender towards `monitor` (the phi-accrual
+  /// monitor, supervision/heartbeat.hpp). It must run where the node runs, so
+  /// that a frozen node falls silent: in process here; a remote host asks
+  /// the node daemon. Called once per node by start_runtime.
+  virtual result<caf::actor> start_heartbeat(caf::actor_system& sys, int node, caf::actor monitor,
+                                             std::chrono::milliseconds interval) {
+    (void)node;
+    supervision::heartbeat_sender_config hc;
+    hc.monitor = std::move(monitor);
+    hc.peer = static_cast<uint64_t>(node);
+    hc.interval = interval;
+    return supervision::spawn_heartbeat_sender(sys, hc);
+  }
+  /// False once the node is known to be gone for good (a daemon whose
+  /// connection was lost); a shard is then never started there again.
+  /// Thread safety: any thread.
+  virtual bool reachable(int node) const {
+    (void)node;
+    return true;
+  }
   /// Called by cluster::shutdown after the shards were told to stop.
   virtual void shutdown(caf::actor_system&) {}
 };

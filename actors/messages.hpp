@@ -47,6 +47,10 @@ struct blob {
   bool ok() const { return status == 0; }
   /// 0 ok, 1 checksum mismatch, 2 malformed (set on deserialisation).
   uint8_t status = 0;
+  /// Fault injection (`corrupt`): the damaged wire form, sent verbatim
+  /// instead of encode() when the blob crosses a process boundary, so the
+  /// receiving process finds the checksum mismatch itself. Empty normally.
+  std::vector<char> damaged_wire;
 
   /// The wire form: [u8 big_endian][u32 count][u64 xxh64 of payload][payload].
   /// Count and checksum are written in the sender's byte order too.
@@ -68,7 +72,7 @@ typename Inspector::result_type inspect(Inspector& f, blob& x) {
     if (!err) x = blob::decode(bytes);
     return err;
   } else {
-    auto bytes = x.encode();
+    auto bytes = x.damaged_wire.empty() ? x.encode() : x.damaged_wire;
     return f(caf::meta::type_name("blob"), bytes);
   }
 }
@@ -229,10 +233,11 @@ struct fault_report {
   int32_t node = 0;
   int64_t step = 0;
   int64_t at_ns = 0;   // steady_clock time since epoch
+  std::string spec;    // the plan that fired, in its CLI form (supervision::to_string(fault_plan))
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, fault_report& x) {
-  return f(caf::meta::type_name("fault_report"), x.kind, x.index, x.node, x.step, x.at_ns);
+  return f(caf::meta::type_name("fault_report"), x.kind, x.index, x.node, x.step, x.at_ns, x.spec);
 }
 
 /// coordinator -> sessions: shard `index` runs again as `handle` (new epoch needed).
@@ -299,11 +304,13 @@ void register_messages(caf::actor_system_config& cfg);
 //   node_peers  -> node_peers_done  the daemon opens direct connections to other daemons
 //   shard_spawn -> shard_spawned    the daemon loads the slice and spawns a shard
 //   stats_atom  -> node_report      memory in use on the node
+//   heartbeat_start -> heartbeat_started  the daemon heartbeats to the front end's
+//                                   monitor, so that a frozen daemon falls silent
 // Every request carries a deadline on the requesting side. These types are
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 1;
+constexpr uint32_t node_protocol_version = 2;  // 2: fault plans in shard_spawn, daemon heartbeats
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {
@@ -389,13 +396,43 @@ struct shard_spawn {
   int32_t checkpoint_every = 16;
   caf::actor heartbeat;          // shard_init::heartbeat (may be invalid)
   caf::actor coordinator;        // shard_init::coordinator (may be invalid)
+  /// Fault plans of this placement index that have not fired yet, in their
+  /// CLI form (supervision::to_string(fault_plan)); the daemon builds the
+  /// shard's injector from them. A one-shot plan that fired on an earlier
+  /// incarnation is left out, so a restart does not fire it again.
+  std::vector<std::string> faults;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
   return f(caf::meta::type_name("shard_spawn"), x.owner, x.index, x.stage, x.rank, x.group_size,
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
            x.ffn_end, x.embedding, x.classifier, x.weights, x.kernels, x.kv_bytes, x.buffer_bytes,
-           x.checkpoint_every, x.heartbeat, x.coordinator);
+           x.checkpoint_every, x.heartbeat, x.coordinator, x.faults);
+}
+
+/// front end -> daemon: send heartbeats for node `peer` to `monitor` (the
+/// front end's phi-accrual monitor, supervision/heartbeat.hpp) every
+/// `interval_ms`. The sender runs in the daemon's process, so a frozen daemon
+/// (SIGSTOP) falls silent; it stops when `owner` goes down.
+struct heartbeat_start {
+  caf::actor owner;
+  caf::actor monitor;
+  uint64_t peer = 0;
+  int64_t interval_ms = 100;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, heartbeat_start& x) {
+  return f(caf::meta::type_name("heartbeat_start"), x.owner, x.monitor, x.peer, x.interval_ms);
+}
+
+/// daemon -> front end: the heartbeat sender (shards get it as shard_init::heartbeat), or why not.
+struct heartbeat_started {
+  std::string error;
+  caf::actor sender;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, heartbeat_started& x) {
+  return f(caf::meta::type_name("heartbeat_started"), x.error, x.sender);
 }
 
 /// daemon -> front end: the shard (a proxy on the front end's side), or why not.
@@ -417,11 +454,12 @@ struct node_report {
   uint64_t used_bytes = 0;    // weights + KV caches of every shard on it
   int32_t shards = 0;
   int32_t clients = 0;        // front ends with shards here
+  int32_t pid = 0;            // the daemon's process id (for signals from tools on the same host)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.profile, x.budget_bytes, x.used_bytes,
-           x.shards, x.clients);
+           x.shards, x.clients, x.pid);
 }
 
 }  // namespace cellshard::actors

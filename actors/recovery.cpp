@@ -1,11 +1,16 @@
 #include "actors/recovery.hpp"
 
 #include "supervision/errors.hpp"
+#include "supervision/fault_hooks.hpp"
 #include "supervision/heartbeat.hpp"
 #include "supervision/messages.hpp"
 #include "supervision/supervisor.hpp"
+#include "topologies/profile.hpp"
 
 #include <caf/all.hpp>
+
+#include <map>
+#include <tuple>
 
 namespace cellshard::actors {
 
@@ -21,8 +26,7 @@ int64_t now_ns() { return clock_type::now().time_since_epoch().count(); }
 struct coordinator_state {
   std::shared_ptr<runtime_shared> rt;
   std::set<caf::actor> sessions;
-  std::vector<int64_t> fired_ns;     // per fault record
-  std::vector<int64_t> decided_ns;
+  uint64_t announcements = 0;  // restart announcements under way (wiring being confirmed)
   static inline const char* name = "cellshard.coordinator";
 };
 
@@ -33,20 +37,71 @@ int index_of_child(const std::string& child) {
   return std::stoi(child.substr(6));
 }
 
-/// The open fault record of placement index i (fired, not yet decided), or -1.
-int open_record(coordinator_actor* self, int index) {
-  auto& rt = *self->state.rt;
-  for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k)
-    if (rt.faults[k].index == index && self->state.decided_ns[k] == 0) return k;
-  return -1;
+/// Fault kinds whose effect is a restart decision (the others only slow,
+/// drop or corrupt messages and are recovered without one).
+bool restarts_shard(const std::string& kind) {
+  return kind == "crash" || kind == "silence" || kind == "partition";
 }
 
-void decide(coordinator_actor* self, int index) {
-  const int k = open_record(self, index);
-  if (k < 0) return;
-  auto& st = self->state;
-  st.decided_ns[k] = now_ns();
-  st.rt->faults[k].detect_ms = (st.decided_ns[k] - st.fired_ns[k]) / 1e6;
+/// A fault plan's kind and effect are in fault_report; its CLI form lets the
+/// front end's injector learn that a copy of it fired inside a daemon.
+void mark_fired(runtime_shared& rt, const std::string& spec) {
+  if (!rt.opts.faults || spec.empty()) return;
+  auto p = supervision::parse_fault_spec(spec);
+  if (p) rt.opts.faults->mark_fired(*p);
+}
+
+/// Index of the supervision decision to restart or move `stage`'s shard:
+/// call with rt.mu held.
+int stage_of(const runtime_shared& rt, int index) { return rt.plan.shards[index].stage; }
+
+/// Records the decision to restart placement index `index` (rt.mu held).
+void decide_locked(runtime_shared& rt, int index, const std::string& external_kind, int64_t at_ns) {
+  // 1. An injected fault that fired and is waiting for its decision.
+  for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
+    auto& r = rt.faults[k];
+    if (r.index == index && r.decided_ns == 0 && restarts_shard(r.kind)) {
+      r.decided_ns = at_ns;
+      if (r.fired_ns) r.detect_ms = (at_ns - r.fired_ns) / 1e6;
+      return;
+    }
+  }
+  // 2. Already decided (e.g. the coordinator suspected the node, then the
+  //    supervisor's restart arrives here): one failure, one record.
+  for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
+    const auto& r = rt.faults[k];
+    if (r.index == index && r.decided_ns != 0 && r.recovered_ns == 0 && at_ns - r.decided_ns < 10'000'000'000LL)
+      return;
+  }
+  // 3. A failure the runtime only observed.
+  fault_record r;
+  r.kind = external_kind;
+  r.index = index;
+  r.node = index < static_cast<int>(rt.node_of.size()) ? rt.node_of[index] : -1;
+  r.step = -1;
+  r.decided_ns = at_ns;
+  rt.faults.push_back(r);
+}
+
+/// Sends `msg` to every session once each shard in `confirm` has applied its
+/// wiring (a request answered after the wire message was handled), so that
+/// no replayed step can overtake a wiring over daemons (different senders
+/// have no order between them). A shard that does not answer within
+/// `deadline` is reported by the supervision tree on its own.
+void announce_after_wiring(coordinator_actor* self, std::vector<std::pair<caf::actor, wiring>> confirm,
+                           shard_restarted msg, std::chrono::milliseconds deadline) {
+  auto left = std::make_shared<size_t>(confirm.size());
+  auto done = [self, left, msg] {
+    if (--*left > 0) return;
+    for (auto& s : self->state.sessions) self->send(s, msg);
+  };
+  if (confirm.empty()) {
+    for (auto& s : self->state.sessions) self->send(s, msg);
+    return;
+  }
+  for (auto& c : confirm)
+    self->request(c.first, deadline, wire_atom::value, std::move(c.second))
+        .then([done] { done(); }, [done](caf::error&) { done(); });
 }
 
 caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_shared> rt) {
@@ -57,76 +112,117 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
       [=](fault_atom) { return true; },
       [=](leave_atom, caf::actor s) { self->state.sessions.erase(s); },
       [=](fault_report& f) {
-        auto& st = self->state;
-        std::lock_guard<std::mutex> lock(st.rt->mu);
+        auto& rt = *self->state.rt;
+        std::lock_guard<std::mutex> lock(rt.mu);
+        mark_fired(rt, f.spec);
+        // A slow plan fires at every step it covers: one record for it.
+        if (f.kind == "slow")
+          for (const auto& r : rt.faults)
+            if (r.kind == "slow" && r.index == f.index && r.step == f.step) return;
+        // The supervisor may have decided before this report arrived (a
+        // crash's down_msg and this report travel apart): complete that record.
+        if (restarts_shard(f.kind))
+          for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
+            auto& r = rt.faults[k];
+            if (r.index == f.index && r.fired_ns == 0 && r.decided_ns >= f.at_ns) {
+              r.kind = f.kind;
+              r.step = f.step;
+              r.node = f.node;
+              r.fired_ns = f.at_ns;
+              r.detect_ms = (r.decided_ns - f.at_ns) / 1e6;
+              return;
+            }
+          }
         fault_record r;
         r.kind = f.kind;
         r.index = f.index;
         r.node = f.node;
         r.step = f.step;
-        st.rt->faults.push_back(r);
-        st.fired_ns.push_back(f.at_ns);
-        st.decided_ns.push_back(0);
+        r.fired_ns = f.at_ns;
+        rt.faults.push_back(r);
       },
       [=](recovered_atom, int32_t index, int32_t replayed, int64_t at) {
-        auto& st = self->state;
-        std::lock_guard<std::mutex> lock(st.rt->mu);
-        for (int k = static_cast<int>(st.rt->faults.size()) - 1; k >= 0; --k) {
-          auto& r = st.rt->faults[k];
-          if (r.index == index && st.decided_ns[k] != 0 && r.recover_ms < 0) {
-            r.recover_ms = (at - st.decided_ns[k]) / 1e6;
+        auto& rt = *self->state.rt;
+        std::lock_guard<std::mutex> lock(rt.mu);
+        for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
+          auto& r = rt.faults[k];
+          if (r.index == index && r.decided_ns != 0 && r.recover_ms < 0) {
+            r.recover_ms = (at - r.decided_ns) / 1e6;
+            r.recovered_ns = at;
             r.replayed_positions = replayed;
-            r.moved_to_node = st.rt->node_of[index];
+            r.moved_to_node = rt.node_of[index];
             break;
           }
         }
       },
       // Heartbeats of a node stopped: take its shards away from it.
       [=](supervision::hb_suspect_atom, supervision::suspect_event& e) {
-        auto& st = self->state;
-        std::vector<caf::actor> victims;
+        auto& rt = *self->state.rt;
+        std::vector<std::tuple<caf::actor, std::string, caf::actor>> victims;  // supervisor, child, incarnation
+        const int node = static_cast<int>(e.peer);
         {
-          std::lock_guard<std::mutex> lock(st.rt->mu);
-          const int node = static_cast<int>(e.peer);
-          if (st.rt->unhealthy.count(node)) return;
-          bool hosts = false;
-          for (size_t i = 0; i < st.rt->node_of.size(); ++i)
-            if (st.rt->node_of[i] == node) hosts = true;
-          if (!hosts) {  // a spare went quiet: just stop offering it
-            st.rt->unhealthy.insert(node);
-            for (auto it = st.rt->spare_nodes.begin(); it != st.rt->spare_nodes.end(); ++it)
-              if (*it == node) {
-                st.rt->spare_nodes.erase(it);
-                break;
-              }
-            return;
-          }
-          st.rt->unhealthy.insert(node);
-          for (size_t i = 0; i < st.rt->node_of.size(); ++i)
-            if (st.rt->node_of[i] == node) {
-              decide(self, static_cast<int>(i));
-              victims.push_back(st.rt->actor_of[i]);
+          std::lock_guard<std::mutex> lock(rt.mu);
+          if (rt.unhealthy.count(node)) return;
+          rt.unhealthy.insert(node);
+          for (auto it = rt.spare_nodes.begin(); it != rt.spare_nodes.end(); ++it)
+            if (*it == node) {  // a spare went quiet: just stop offering it
+              rt.spare_nodes.erase(it);
+              break;
+            }
+          const int64_t now = now_ns();
+          for (size_t i = 0; i < rt.node_of.size(); ++i)
+            if (rt.node_of[i] == node) {
+              decide_locked(rt, static_cast<int>(i), "node-silent", now);
+              const int s = stage_of(rt, static_cast<int>(i));
+              caf::actor sup = s < static_cast<int>(rt.stage_supervisors.size()) ? rt.stage_supervisors[s] : caf::actor{};
+              victims.emplace_back(sup, "shard-" + std::to_string(i), rt.actor_of[i]);
             }
         }
-        // Killed shards are restarted by their stage supervisor; the factory
-        // places them on a spare because this node is unhealthy.
-        for (auto& v : victims) self->send_exit(v, caf::exit_reason::kill);
+        // The stage supervisor restarts them now (the factory avoids this
+        // node); a proxy's own down_msg would wait for the connection timeout.
+        for (auto& v : victims) {
+          if (std::get<0>(v))
+            self->send(std::get<0>(v), supervision::sv_exited_atom::value, std::get<1>(v), std::get<2>(v),
+                       supervision::make_error(supervision::sv_errc::node_silent,
+                                               "node " + std::to_string(node) + ": heartbeats stopped (phi " +
+                                                   std::to_string(e.phi).substr(0, 5) + ")"));
+          else if (std::get<2>(v))
+            self->send_exit(std::get<2>(v), caf::exit_reason::kill);
+        }
       },
-      [=](supervision::hb_alive_atom, uint64_t) {},
+      // A suspected node heartbeats again (a daemon thawed before its
+      // connection timed out): its shards were moved and told to stop; if it
+      // holds none and is reachable, it rejoins as a spare.
+      [=](supervision::hb_alive_atom, uint64_t peer) {
+        auto& rt = *self->state.rt;
+        std::lock_guard<std::mutex> lock(rt.mu);
+        const int node = static_cast<int>(peer);
+        if (!rt.unhealthy.count(node) || !rt.host->reachable(node)) return;
+        for (int n : rt.node_of)
+          if (n == node) return;
+        rt.unhealthy.erase(node);
+        rt.spare_nodes.push_back(node);
+      },
       [=](supervision::sv_event_atom, supervision::supervisor_event& ev) {
         auto& st = self->state;
         if (ev.kind == supervision::supervisor_event_kind::child_restarted) {
           const int i = index_of_child(ev.child);
           if (i < 0) return;
           shard_restarted msg;
+          std::vector<std::pair<caf::actor, wiring>> confirm;
+          std::chrono::milliseconds deadline{5000};
           {
             std::lock_guard<std::mutex> lock(st.rt->mu);
             st.rt->actor_of[i] = ev.handle;
-            decide(self, i);
             const auto& plan = st.rt->plan;
             const int s = plan.shards[i].stage;
-            send_wiring(*st.rt, s);
-            if (s > 0) send_wiring(*st.rt, s - 1);
+            // The new shard and the stage before it (which sends to it).
+            for (int stage : {s - 1, s}) {
+              if (stage < 0) continue;
+              const wiring w = wiring_of(*st.rt, stage);
+              for (int idx : plan.stages[stage].shards)
+                if (st.rt->actor_of[idx]) confirm.emplace_back(st.rt->actor_of[idx], w);
+            }
             msg.index = i;
             msg.stage = s;
             msg.node = st.rt->node_of[i];
@@ -135,7 +231,7 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
             if (s > 0) msg.stage_head = st.rt->actor_of[plan.stages[s - 1].shards.front()];
             for (int k : plan.stages[s].shards) msg.stage_group.push_back(st.rt->actor_of[k]);
           }
-          for (auto& s : st.sessions) self->send(s, msg);
+          announce_after_wiring(self, std::move(confirm), std::move(msg), deadline);
           return;
         }
         if (ev.kind == supervision::supervisor_event_kind::escalated) {
@@ -159,6 +255,54 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
         }
       },
   };
+}
+
+/// Where placement index `idx` starts now (rt.mu held): its node if healthy,
+/// else a spare, else the survivor with the most room. -1 with `why` set when
+/// there is none. Nodes in `tried` failed already.
+int choose_node(runtime_shared& rt, int idx, const std::set<int>& tried, std::string& why) {
+  auto usable = [&](int n) {
+    if (tried.count(n) || rt.unhealthy.count(n)) return false;
+    if (!rt.host->reachable(n)) {
+      rt.unhealthy.insert(n);
+      return false;
+    }
+    return true;
+  };
+  const int own = rt.node_of[idx];
+  if (usable(own)) return own;
+  while (!rt.spare_nodes.empty()) {
+    const int n = rt.spare_nodes.front();
+    rt.spare_nodes.pop_front();
+    if (usable(n)) return n;
+  }
+  // Re-placement over the survivors.
+  const auto& placed = rt.plan.shards[idx];
+  const uint64_t need = placed.memory.total();
+  std::map<int, uint64_t> used;  // by node: what the placement puts there now
+  for (size_t i = 0; i < rt.node_of.size(); ++i)
+    if (static_cast<int>(i) != idx) used[rt.node_of[i]] += rt.plan.shards[i].memory.total();
+  int best = -1;
+  uint64_t best_free = 0;
+  std::string room;
+  for (const auto& n : rt.host->nodes()) {
+    if (!usable(n.index)) continue;
+    const uint64_t budget = n.prof.memory_bytes;
+    const uint64_t u = used.count(n.index) ? used[n.index] : 0;
+    const uint64_t free = budget == 0 ? UINT64_MAX : (budget > u ? budget - u : 0);
+    room += (room.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.index) + " has " +
+            (budget == 0 ? std::string("no limit") : topologies::format_bytes(free) + " free of " +
+                                                      topologies::format_bytes(budget));
+    if (free >= need && (best < 0 || free > best_free)) {
+      best = n.index;
+      best_free = free;
+    }
+  }
+  if (best < 0)
+    why = "no spare node left for placement index " + std::to_string(idx) + " (node " + std::to_string(own) +
+          " is gone), and no surviving node has room for it (needs " + topologies::format_bytes(need) +
+          "): " + (room.empty() ? "no healthy node left" : room);
+  return best;
 }
 
 }  // namespace
@@ -218,11 +362,12 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
   for (const auto& n : rt->host->nodes()) max_node = std::max(max_node, n.index);
   rt->heartbeats.assign(max_node + 1, caf::actor{});
   for (const auto& n : rt->host->nodes()) {
-    supervision::heartbeat_sender_config hc;
-    hc.monitor = *monitor;
-    hc.peer = static_cast<uint64_t>(n.index);
-    hc.interval = rt->opts.heartbeat;
-    rt->heartbeats[n.index] = supervision::spawn_heartbeat_sender(sys, hc);
+    auto hb = rt->host->start_heartbeat(sys, n.index, *monitor, rt->opts.heartbeat);
+    if (!hb) {
+      stop_runtime(*rt, caf::actor{});
+      return make_error("heartbeats: " + hb.message());
+    }
+    rt->heartbeats[n.index] = *hb;
   }
 
   // Stage supervisors over shards, under one cluster supervisor.
@@ -243,45 +388,64 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
       supervision::child_spec cs;
       cs.id = "shard-" + std::to_string(idx);
       cs.start = [rt, idx](const supervision::start_context& ctx) -> caf::actor {
-        std::lock_guard<std::mutex> lock(rt->mu);
-        const auto& placed = rt->plan.shards[idx];
-        int node = rt->node_of[idx];
-        if (rt->unhealthy.count(node)) {
-          if (rt->spare_nodes.empty()) {
-            rt->last_error = "no spare node left for placement index " + std::to_string(idx) +
-                             " (node " + std::to_string(node) + " is silent)";
+        std::unique_lock<std::mutex> lock(rt->mu);
+        if (ctx.incarnation > 0) {
+          // Detection of a failure the runtime did not inject: a daemon's
+          // connection lost shows up as remote_link_unreachable.
+          const bool link = ctx.last_reason == caf::exit_reason::remote_link_unreachable;
+          decide_locked(*rt, idx, link ? "node-down" : "exit", now_ns());
+          // An injected crash fired in a daemon: its report may still be on
+          // the way, but this incarnation must not get the plan again.
+          if (auto step = supervision::fault_hooks::crash_step(ctx.last_reason); step && rt->opts.faults)
+            rt->opts.faults->mark_fired_through(static_cast<uint32_t>(idx), supervision::fault_kind::crash, *step);
+        }
+        const auto placed = rt->plan.shards[idx];
+        std::set<int> tried;
+        std::string errors;
+        for (;;) {
+          std::string why;
+          const int node = choose_node(*rt, idx, tried, why);
+          if (node < 0) {
+            rt->last_error = why + (errors.empty() ? "" : "; tried: " + errors);
             return caf::actor{};
           }
-          node = rt->spare_nodes.front();
-          rt->spare_nodes.pop_front();
           rt->node_of[idx] = node;
+          topologies::shard moved = placed;
+          moved.node = node;
+          shard_request req;
+          req.placed = &moved;
+          req.spec.layer_begin = placed.layers.begin;
+          req.spec.layer_end = placed.layers.end;
+          req.spec.kv_head_begin = placed.kv_heads.begin;
+          req.spec.kv_head_end = placed.kv_heads.end;
+          req.spec.ffn_begin = placed.ffn.begin;
+          req.spec.ffn_end = placed.ffn.end;
+          req.spec.embedding = placed.has_embedding;
+          req.spec.classifier = placed.has_classifier;
+          req.weights = rt->weights;
+          req.kernels = rt->kernels;
+          req.checkpoint_every = rt->opts.checkpoint_every;
+          req.faults = rt->opts.faults;
+          req.heartbeat = node < static_cast<int>(rt->heartbeats.size()) ? rt->heartbeats[node] : caf::actor{};
+          req.coordinator = rt->coordinator;
+          auto host = rt->host;
+          // A remote spawn waits for the daemon: not under the lock.
+          lock.unlock();
+          auto a = host->spawn(ctx.system, req);
+          lock.lock();
+          if (a) {
+            rt->actor_of[idx] = *a;
+            return *a;
+          }
+          errors += (errors.empty() ? "" : "; ") + std::string("node ") + std::to_string(node) + ": " + a.message();
+          tried.insert(node);
+          if (!host->reachable(node)) rt->unhealthy.insert(node);
+          if (ctx.incarnation == 0) {  // the first start keeps the placement's node
+            rt->last_error = "placement index " + std::to_string(idx) + " on node " + std::to_string(node) +
+                             ": " + a.message();
+            return caf::actor{};
+          }
         }
-        topologies::shard moved = placed;
-        moved.node = node;
-        shard_request req;
-        req.placed = &moved;
-        req.spec.layer_begin = placed.layers.begin;
-        req.spec.layer_end = placed.layers.end;
-        req.spec.kv_head_begin = placed.kv_heads.begin;
-        req.spec.kv_head_end = placed.kv_heads.end;
-        req.spec.ffn_begin = placed.ffn.begin;
-        req.spec.ffn_end = placed.ffn.end;
-        req.spec.embedding = placed.has_embedding;
-        req.spec.classifier = placed.has_classifier;
-        req.weights = rt->weights;
-        req.kernels = rt->kernels;
-        req.checkpoint_every = rt->opts.checkpoint_every;
-        req.faults = rt->opts.faults;
-        req.heartbeat = node < static_cast<int>(rt->heartbeats.size()) ? rt->heartbeats[node] : caf::actor{};
-        req.coordinator = rt->coordinator;
-        auto a = rt->host->spawn(ctx.system, req);
-        if (!a) {
-          rt->last_error = "placement index " + std::to_string(idx) + " on node " +
-                           std::to_string(node) + ": " + a.message();
-          return caf::actor{};
-        }
-        rt->actor_of[idx] = *a;
-        return *a;
       };
       sc.children.push_back(std::move(cs));
     }
@@ -316,6 +480,23 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
     self->request(*sup, std::chrono::milliseconds(200), supervision::sv_children_atom::value)
         .receive([](std::vector<supervision::child_info>&) {}, [](caf::error&) {});
     self->receive(caf::after(std::chrono::milliseconds(1)) >> [] {});
+  }
+  // The stage supervisors, for verdicts of the heartbeat detector.
+  {
+    std::vector<caf::actor> stages;
+    self->request(*sup, deadline, supervision::sv_children_atom::value)
+        .receive(
+            [&](std::vector<supervision::child_info>& kids) {
+              for (auto& k : kids) stages.push_back(k.handle);
+            },
+            [](caf::error&) {});
+    if (stages.size() != plan.stages.size()) {
+      stop_runtime(*rt, *sup);
+      return make_error("the supervision tree did not report its " + std::to_string(plan.stages.size()) +
+                        " stage supervisors");
+    }
+    std::lock_guard<std::mutex> lock(rt->mu);
+    rt->stage_supervisors = std::move(stages);
   }
   // Every shard has its wiring before the first step: over daemons a step
   // could otherwise overtake it (different senders, no order between them).

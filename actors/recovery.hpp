@@ -8,11 +8,26 @@
 //   coordinator: listener of all of the above, and of fault reports
 //
 // Detection: a crashed shard's down_msg reaches its stage supervisor, which
-// restarts it on the same node (the node is healthy); a silent node is
-// suspected by the phi detector, the coordinator marks it unhealthy and kills
-// its shards, and the supervisor's factory starts them on a spare node.
-// Every restart is announced to the running sessions (shard_restarted), which
-// restore the shard's KV cache from their checkpoints and replay.
+// restarts it on the same node (the node is healthy). A node daemon that is
+// killed loses its connection: the shard proxies go down at once
+// (remote_link_unreachable), the host reports the node unreachable, and the
+// factory starts the shards elsewhere. A silent node (a frozen daemon, or
+// an injected silence) stops heartbeating from its own process; the phi
+// detector suspects it, the coordinator marks it unhealthy and tells the
+// stage supervisors (sv_exited) to restart its shards at once rather than
+// wait for the connection timeout.
+// Where a restarted shard goes (the factory): its own node if healthy; else
+// the first spare; else -- re-placement over the survivors -- the healthy
+// node with the most free memory (budget minus the placement's need of the
+// shards it already holds) that can take it, so its slice, and therefore the
+// checkpoints, still match. When none can, the restart fails with an error
+// naming each node's free memory; the stage supervisor's intensity then ends
+// the cluster and the sessions return that error with their partial output.
+// Every restart is announced to the running sessions (shard_restarted) once
+// the new shard and its upstream stage have confirmed their new wiring; the
+// sessions restore the shard's KV cache from their checkpoints and replay.
+// Messages of an older epoch -- e.g. from a frozen daemon that wakes up --
+// are dropped by every receiver (actors/messages.hpp).
 // Thread safety: runtime_shared is locked by its mutex; the rest are actors.
 #pragma once
 
@@ -36,15 +51,28 @@
 namespace cellshard::actors {
 
 /// What one fault did, end to end (CLI.md `faults` of `run --json`).
+///
+/// Injected faults (--fault) are reported by the shard when they fire, so
+/// detect_ms is known. A failure the runtime only observes -- a node daemon
+/// killed or its connection lost ("node-down": the shard's proxy went down),
+/// a daemon frozen ("node-silent": its heartbeats stopped, phi accrual) --
+/// gets a record at the decision with fired_ns = 0 and detect_ms = -1: only
+/// whoever caused it knows when it happened, and can compute
+/// decided_ns - (its own steady_clock time of the kill). The *_ns fields are
+/// std::chrono::steady_clock::now().time_since_epoch() in ns, which is
+/// CLOCK_MONOTONIC on Linux, so they compare across processes of one host.
 struct fault_record {
-  std::string kind;
+  std::string kind;          // a fault_kind name, or "node-down" / "node-silent"
   int index = -1;            // placement index
   int node = -1;
-  int64_t step = 0;
-  double detect_ms = -1;     // fault fired -> supervisor decision (-1: not detected)
+  int64_t step = 0;          // position at which it fired (external: the session's position when detected, or -1)
+  double detect_ms = -1;     // fault fired -> supervisor decision (-1: not detected, or not known)
   double recover_ms = -1;    // decision -> next token delivered (-1: not recovered)
   int replayed_positions = 0;
   int moved_to_node = -1;    // where the shard runs after recovery
+  int64_t fired_ns = 0;      // when it fired (0: unknown, external)
+  int64_t decided_ns = 0;    // when the runtime decided to restart or move the shard (0: not yet)
+  int64_t recovered_ns = 0;  // when the next token was delivered after the recovery (0: not yet)
 };
 
 struct recovery_options {
@@ -68,7 +96,8 @@ struct runtime_shared {
   std::vector<caf::actor> actor_of;     // current actor of each placement index
   std::set<int> unhealthy;              // nodes suspected silent
   std::deque<int> spare_nodes;          // nodes free to take shards
-  std::vector<caf::actor> heartbeats;   // heartbeat sender by node index
+  std::vector<caf::actor> heartbeats;   // heartbeat sender by node index (may live in a daemon)
+  std::vector<caf::actor> stage_supervisors;  // by stage, once the tree runs
   caf::actor heartbeat_monitor;
   caf::actor coordinator;
   std::string last_error;               // why the last factory call failed

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <sys/stat.h>
 
@@ -32,9 +33,29 @@ void append(std::string& all, const std::string& one) {
   if (!one.empty()) all += (all.empty() ? "" : "; ") + one;
 }
 
-/// The front end's stand-in on the daemons: they stop its shards when it goes down.
-caf::behavior owner_behavior(caf::event_based_actor*) {
-  return {[](stats_atom) {}};
+using watch_atom = caf::atom_constant<caf::atom("cs_watch")>;
+using down_flags = std::vector<std::atomic<bool>>;
+
+/// The front end's stand-in on the daemons: they stop its shards when it goes
+/// down. It also monitors the daemons (watch_atom) and flags a node whose
+/// daemon went down (its connection was lost: killed, or silent past the
+/// middleman's connection timeout).
+caf::behavior owner_behavior(caf::event_based_actor* self, std::shared_ptr<down_flags> down) {
+  auto nodes = std::make_shared<std::map<caf::actor_addr, int>>();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto it = nodes->find(dm.source);
+    if (it == nodes->end()) return;
+    if (it->second >= 0 && it->second < static_cast<int>(down->size())) (*down)[it->second] = true;
+    nodes->erase(it);
+  });
+  return {
+      [](stats_atom) {},
+      [=](watch_atom, caf::actor d, int32_t node) {
+        if (!d) return;
+        (*nodes)[d.address()] = node;
+        self->monitor(d);
+      },
+  };
 }
 
 }  // namespace
@@ -209,7 +230,9 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   }
 
   // 2. Join with the cluster fingerprint.
-  caf::actor owner = sys.spawn<caf::hidden>(owner_behavior);
+  down_ = std::make_shared<down_flags>(n);
+  for (auto& f : *down_) f = false;
+  caf::actor owner = sys.spawn<caf::hidden>(owner_behavior, down_);
   auto stop_owner = [&] { self->send_exit(owner, caf::exit_reason::user_shutdown); };
   cluster_fingerprint fp;
   fp.model_name = base_name(file.path());
@@ -293,7 +316,10 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
     }
   }
   daemons_.clear();
-  for (auto& a : d) daemons_.push_back(a.address());
+  for (size_t i = 0; i < n; ++i) {
+    daemons_.push_back(d[i].address());
+    self->send(owner, watch_atom::value, d[i], static_cast<int32_t>(i));
+  }
   owner_ = std::move(owner);
   return {};
 }
@@ -303,10 +329,10 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   const auto& p = *req.placed;
   const int node = p.node;
   caf::actor target = daemon(node);
-  if (!target || !owner_) return make_error(describe(node) + ": not connected");
-  if (req.faults)
-    return make_error("fault injection runs in process only; it is not supported over node daemons yet");
+  if (!target || !owner_ || !reachable(node)) return make_error(describe(node) + ": not connected (its daemon is gone)");
   shard_spawn s;
+  if (req.faults)
+    for (const auto& f : req.faults->pending(static_cast<uint32_t>(p.index))) s.faults.push_back(supervision::to_string(f));
   s.owner = owner_;
   s.index = p.index;
   s.stage = p.stage;
@@ -361,6 +387,38 @@ std::vector<uint64_t> remote_host::node_memory() const {
   for (size_t k = 0; k < pending.size(); ++k)
     pending[k].receive([&](node_report& r) { out[which[k]] = r.used_bytes; }, [](caf::error&) {});
   return out;
+}
+
+result<caf::actor> remote_host::start_heartbeat(caf::actor_system& sys, int node, caf::actor monitor,
+                                                std::chrono::milliseconds interval) {
+  caf::actor target = daemon(node);
+  if (!target || !owner_) return make_error(describe(node) + ": not connected");
+  caf::scoped_actor self{sys};
+  result<caf::actor> out = make_error(describe(node) + ": no reply");
+  heartbeat_start h;
+  h.owner = owner_;
+  h.monitor = std::move(monitor);
+  h.peer = static_cast<uint64_t>(node);
+  h.interval_ms = interval.count();
+  self->request(target, opts_.request_timeout, std::move(h))
+      .receive(
+          [&](heartbeat_started& r) {
+            if (!r.error.empty() || !r.sender)
+              out = make_error(describe(node) + ": heartbeats: " + (r.error.empty() ? "no sender" : r.error));
+            else
+              out = r.sender;
+          },
+          [&](caf::error& e) {
+            out = make_error(describe(node) + ": no answer to heartbeat_start within " +
+                             std::to_string(opts_.request_timeout.count()) + " ms: " +
+                             describe_connect_error(sys, e));
+          });
+  return out;
+}
+
+bool remote_host::reachable(int node) const {
+  if (!down_ || node < 0 || node >= static_cast<int>(down_->size())) return true;
+  return !(*down_)[node];
 }
 
 void remote_host::shutdown(caf::actor_system&) {

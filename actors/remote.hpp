@@ -34,6 +34,7 @@
 
 #include <caf/actor.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -79,6 +80,11 @@ public:
   result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) override;
   /// Asks every daemon (deadline 2 s each, in parallel); 0 for a node that did not answer.
   std::vector<uint64_t> node_memory() const override;
+  /// Asks the daemon to heartbeat from its own process (heartbeat_start).
+  result<caf::actor> start_heartbeat(caf::actor_system& sys, int node, caf::actor monitor,
+                                     std::chrono::milliseconds interval) override;
+  /// False once the daemon's connection went down (watched by the owner actor).
+  bool reachable(int node) const override;
   void shutdown(caf::actor_system& sys) override;
 
   /// "node 2 (127.0.0.1:4243)".
@@ -99,6 +105,8 @@ private:
   std::vector<caf::actor_addr> daemons_;
   caf::actor owner_;
   caf::actor_system* sys_ = nullptr;
+  // Set by the owner actor when a daemon's proxy goes down (connection lost).
+  std::shared_ptr<std::vector<std::atomic<bool>>> down_;
 };
 
 }  // namespace cellshard::actors

@@ -91,6 +91,7 @@ void corrupt_payload(blob& b) {
   auto bytes = b.encode();
   if (bytes.size() > 13) bytes[13 + (bytes.size() - 13) / 2] ^= 0x04;
   b = blob::decode(bytes);
+  b.damaged_wire = std::move(bytes);  // what another process receives
 }
 
 blob* payload_of(activation& m) { return &m.x; }
@@ -354,7 +355,7 @@ bool faults_allow(shard_actor* self, activation& a) {
     if (st.init.coordinator)
       self->send(st.init.coordinator,
                  fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
-                              static_cast<int64_t>(f.step), now_ns});
+                              static_cast<int64_t>(f.step), now_ns, supervision::to_string(f)});
   if (fx.crash || fx.silence) return false;  // the hooks quit or silenced the actor
   st.drop_left += fx.drop;
   st.corrupt_left += fx.corrupt;

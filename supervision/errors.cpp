@@ -19,11 +19,12 @@ std::string to_string(sv_errc code) {
     case sv_errc::invalid_config: return "invalid_config";
     case sv_errc::injected_crash: return "injected_crash";
     case sv_errc::unknown_child: return "unknown_child";
+    case sv_errc::node_silent: return "node_silent";
     case sv_errc::count: break;
   }
   return "sv_errc(" + std::to_string(static_cast<int>(code)) + ")";
 }
-static_assert(static_cast<int>(sv_errc::count) == 6, "update to_string(sv_errc)");
+static_assert(static_cast<int>(sv_errc::count) == 7, "update to_string(sv_errc)");
 
 std::string to_string(supervisor_event_kind k) {
   switch (k) {

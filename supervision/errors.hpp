@@ -39,6 +39,9 @@ enum class sv_errc : std::uint8_t {
   injected_crash,
   /// A request named a child/peer that does not exist.
   unknown_child,
+  /// A failure detector declared the child's node silent (heartbeats stopped,
+  /// phi accrual over its threshold) and the child was taken away from it.
+  node_silent,
   /// Final enumerator: the number of codes (keep last).
   count
 };

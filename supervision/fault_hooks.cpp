@@ -12,6 +12,19 @@ caf::error fault_hooks::crash_reason(std::uint32_t node, std::uint64_t step) {
                                                  std::to_string(step));
 }
 
+std::optional<std::uint64_t> fault_hooks::crash_step(const caf::error& reason) {
+  if (!is(reason, sv_errc::injected_crash)) return std::nullopt;
+  const std::string text = describe(reason);
+  const std::string key = "injected crash at step ";
+  const auto at = text.rfind(key);
+  if (at == std::string::npos) return std::nullopt;
+  try {
+    return static_cast<std::uint64_t>(std::stoull(text.substr(at + key.size())));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 fault_effects fault_hooks::on_step(std::uint64_t first, std::uint64_t last) {
   if (!injector_) return {};
   auto fx = injector_->at(node_, first, last);

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -88,6 +89,10 @@ public:
 
   /// The reason used for an injected crash.
   static caf::error crash_reason(std::uint32_t node, std::uint64_t step);
+  /// The step of an injected crash from its reason (crash_reason's inverse);
+  /// nullopt for any other reason. Lets a supervisor that sees the exit learn
+  /// which plans fired even when the fault report travels apart (node daemons).
+  static std::optional<std::uint64_t> crash_step(const caf::error& reason);
 
 private:
   caf::event_based_actor* self_;

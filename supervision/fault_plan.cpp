@@ -280,6 +280,32 @@ std::vector<std::pair<fault_plan, bool>> fault_injector::plans() const {
   return out;
 }
 
+bool fault_injector::mark_fired(const fault_plan& p) {
+  if (!one_shot(p.kind)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < plans_.size(); ++i)
+    if (!fired_[i] && plans_[i] == p) {
+      fired_[i] = true;
+      return true;
+    }
+  return false;
+}
+
+void fault_injector::mark_fired_through(std::uint32_t node, fault_kind kind, std::uint64_t step) {
+  if (!one_shot(kind)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < plans_.size(); ++i)
+    if (plans_[i].node == node && plans_[i].kind == kind && plans_[i].step <= step) fired_[i] = true;
+}
+
+std::vector<fault_plan> fault_injector::pending(std::uint32_t node) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<fault_plan> out;
+  for (std::size_t i = 0; i < plans_.size(); ++i)
+    if (plans_[i].node == node && !fired_[i]) out.push_back(plans_[i]);
+  return out;
+}
+
 void fault_injector::rearm() {
   std::lock_guard<std::mutex> lock(mu_);
   std::fill(fired_.begin(), fired_.end(), false);

@@ -111,6 +111,18 @@ public:
 
   /// All plans, each with whether it has fired.
   std::vector<std::pair<fault_plan, bool>> plans() const;
+  /// Marks the first unfired one-shot plan equal to `p` as fired (a copy of
+  /// the plan fired in another process: a node daemon's injector). Returns
+  /// whether one was marked; slow plans never fire, so never.
+  bool mark_fired(const fault_plan& p);
+  /// Marks every unfired plan of `kind` for placement index `node` with
+  /// step <= `step` as fired: what a copy of this injector in another process
+  /// consumed when that kind fired there at `step` (one-shot plans that are
+  /// reached fire together).
+  void mark_fired_through(std::uint32_t node, fault_kind kind, std::uint64_t step);
+  /// The plans of placement index `node` that have not fired (slow plans
+  /// always), to hand to a shard started in another process.
+  std::vector<fault_plan> pending(std::uint32_t node) const;
   /// Re-arms every one-shot plan.
   void rearm();
 

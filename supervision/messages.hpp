@@ -14,6 +14,8 @@
 //                (sv_stop)                -> (); children are killed, supervisor quits normally
 //                (sv_add, child_spec)     -> caf::actor   (in-process only)
 //                (sv_remove, std::string) -> ()           (terminates and forgets a child)
+//                (sv_exited, id, actor, error) one-way: declare that incarnation of
+//                                            child `id` gone (see supervisor.hpp)
 //   heartbeat monitor: (hb, uint64 peer)  one-way heartbeat; an unknown peer is watched from then on
 //                (hb_watch, peer)         -> (); watch from now (now counts as a heartbeat)
 //                (hb_unwatch, peer)       -> ()
@@ -45,6 +47,13 @@ using sv_unlisten_atom = caf::atom_constant<caf::atom("sv_unlist")>;
 using sv_stop_atom = caf::atom_constant<caf::atom("sv_stop")>;
 using sv_add_atom = caf::atom_constant<caf::atom("sv_add")>;
 using sv_remove_atom = caf::atom_constant<caf::atom("sv_remove")>;
+/// A failure detector's verdict: (sv_exited, std::string id, caf::actor
+/// incarnation, caf::error reason). The supervisor treats that incarnation as
+/// exited with `reason` now (it is killed and demonitored), without waiting
+/// for its down_msg -- which, for a child on a frozen remote node, arrives
+/// only when the middleman gives up on the connection (CAF-0.17.md §4).
+/// Ignored when `incarnation` is not the child's current one.
+using sv_exited_atom = caf::atom_constant<caf::atom("sv_exited")>;
 /// Internal: a child failed to start; handled as a crash of that child.
 using sv_retry_atom = caf::atom_constant<caf::atom("sv_retry")>;
 

@@ -328,6 +328,15 @@ caf::behavior supervisor_impl(supervisor_actor* self, supervisor_config cfg) {
         st.children.erase(st.children.begin() + i);
         return caf::unit;
       },
+      [self](sv_exited_atom, const std::string& id, const caf::actor& incarnation, caf::error& reason) {
+        auto& st = self->state;
+        auto i = st.find(id);
+        if (i == st.children.size() || st.done) return;
+        auto& c = st.children[i];
+        if (!c.handle || c.handle != incarnation) return;  // already replaced or gone
+        st.terminate(c);
+        st.child_exited(i, std::move(reason));
+      },
       [self](sv_retry_atom, const std::string& id, std::uint64_t incarnation) {
         auto& st = self->state;
         auto i = st.find(id);

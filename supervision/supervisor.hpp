@@ -39,6 +39,11 @@
 //   exit_reason::kill itself cannot be trapped; in that case (and in any
 //   other termination) the supervisor's state destructor kills the children
 //   it still holds, so children never outlive their supervisor.
+// - (sv_exited, id, incarnation, reason): a failure detector outside the
+//   supervisor (heartbeats) declares that incarnation gone; it is killed,
+//   demonitored and handled as an exit with `reason` (the down_msg of a child
+//   on a frozen remote node would only come with the connection's timeout).
+//   Stale verdicts (another incarnation) are ignored.
 // - (sv_stop): children are killed (reverse order), the supervisor quits
 //   normally (no escalation). There is no graceful shutdown phase anywhere:
 //   state that must survive a child belongs in a checkpoint (checkpoint.hpp).

@@ -136,12 +136,32 @@ TEST_CASE("a corrupted checkpoint is detected and the run still reproduces the f
   CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/topp_t1.0_p0.9_s133742_n256.ids")));
 }
 
+TEST_CASE("no spare: a silent node's shard is re-placed on the survivor with the most room", "[recovery][replace]") {
+  if (!test::have_shared()) return;
+  fault_case c{"", 3, 0, "pipeline", "greedy_bos_n200", {"silence:node=1:step=40"}};
+  auto o = test::stories_options(3, "pipeline");
+  o.memory = 2 << 20;  // room for two stages per node
+  std::vector<actors::fault_record> records;
+  auto out = run_with_faults(c, o, &records);
+  INFO(out.error);
+  REQUIRE(out.ok);
+  CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids")));
+  REQUIRE(out.recoveries.size() == 1);
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].kind == "silence");
+  // Stage 1 (0.6 MiB) joins stage 2 (0.4 MiB, more room left) rather than stage 0 (0.7 MiB).
+  CHECK(records[0].moved_to_node == 2);
+}
+
 TEST_CASE("recovery impossible: the error and the partial output come back", "[recovery][errors]") {
   if (!test::have_shared()) return;
   const auto want = test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids"));
-  SECTION("a silent node and no spare") {
+  SECTION("a silent node, no spare, and no survivor with room for its shard") {
+    // 1 MiB per node holds one stage of stories260K (0.4-0.7 MiB) but not two.
     fault_case c{"", 3, 0, "pipeline", "greedy_bos_n200", {"silence:node=1:step=40"}};
-    auto out = run_with_faults(c, test::stories_options(3, "pipeline"));
+    auto o = test::stories_options(3, "pipeline");
+    o.memory = 1 << 20;
+    auto out = run_with_faults(c, o);
     CHECK_FALSE(out.ok);
     CHECK_THAT(out.error, Catch::Contains("no spare node") && Catch::Contains("placement index 1") &&
                               Catch::Contains("node 1"));

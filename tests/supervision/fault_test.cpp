@@ -115,6 +115,32 @@ TEST_CASE("fault files in JSON", "[fault]") {
         "faults[0].node: expected a non-negative integer (32 bit)");
 }
 
+TEST_CASE("injector copies in other processes: pending plans and what fired there", "[fault]") {
+  fault_injector inj;
+  inj.add(*parse_fault_spec("crash:node=1:step=30"));
+  inj.add(*parse_fault_spec("crash:node=1:step=50"));
+  inj.add(*parse_fault_spec("slow:node=1:step=0:ms=20"));
+  inj.add(*parse_fault_spec("silence:node=2:step=5"));
+  auto names = [](const std::vector<fault_plan>& ps) {
+    std::vector<std::string> out;
+    for (auto& p : ps) out.push_back(to_string(p));
+    return out;
+  };
+  CHECK(names(inj.pending(1)) ==
+        std::vector<std::string>{"crash:node=1:step=30", "crash:node=1:step=50", "slow:node=1:step=0:ms=20"});
+  CHECK(names(inj.pending(3)).empty());
+  // A daemon's copy fired the crash at step 30 (report or exit reason).
+  inj.mark_fired_through(1, fault_kind::crash, 30);
+  CHECK(names(inj.pending(1)) == std::vector<std::string>{"crash:node=1:step=50", "slow:node=1:step=0:ms=20"});
+  // Its report arrives too: nothing left to mark; slow never fires for good.
+  CHECK_FALSE(inj.mark_fired(*parse_fault_spec("crash:node=1:step=30")));
+  CHECK_FALSE(inj.mark_fired(*parse_fault_spec("slow:node=1:step=0:ms=20")));
+  CHECK(inj.mark_fired(*parse_fault_spec("silence:node=2:step=5")));
+  CHECK(inj.pending(2).empty());
+  CHECK_FALSE(inj.at(2, 5).silence);  // this copy does not fire it again either
+  CHECK(inj.at(1, 50).crash);
+}
+
 TEST_CASE("injector firing rules", "[fault]") {
   fault_injector inj;
   inj.add(*parse_fault_spec("crash:node=2:step=40"));
@@ -216,6 +242,10 @@ TEST_CASE_METHOD(caf_fixture, "hooks: injected crash is restarted by a superviso
   auto& ev = events->sv_events[0];
   CHECK(ev.kind == supervisor_event_kind::child_restarted);
   CHECK(describe(ev.reason) == "injected_crash: node 2: injected crash at step 3");
+  // A supervisor in another process learns the step from the reason alone.
+  CHECK(fault_hooks::crash_step(ev.reason) == std::optional<std::uint64_t>{3});
+  CHECK_FALSE(fault_hooks::crash_step(make_error(sv_errc::node_silent, "node 2")));
+  CHECK_FALSE(fault_hooks::crash_step(caf::error{}));
   // The new incarnation replays step 3 without crashing again.
   CHECK(ask<std::uint64_t>(ev.handle, nullptr, work_atom::value, std::uint64_t{3}) == 6u);
 }

@@ -519,3 +519,35 @@ TEST_CASE_METHOD(sup_fixture, "sv_stop, sv_add, sv_remove and sv_listen", "[supe
   CHECK(downs_of({a}).size() == 1);
   CHECK(events->count(supervisor_event_kind::escalated) == 0);
 }
+
+TEST_CASE_METHOD(sup_fixture, "sv_exited: a detector's verdict restarts a live child at once, stale verdicts do nothing",
+                 "[supervisor]") {
+  auto sup = spawn(four(restart_strategy::one_for_one));
+  auto before = handles(children(sup));
+  REQUIRE(before.size() == 4);
+  // The child is alive (as a shard on a frozen node looks); the verdict kills and replaces it.
+  const auto silent = make_error(sv_errc::node_silent, "node 3: heartbeats stopped");
+  caf::anon_send(sup, sv_exited_atom::value, std::string("c"), before[2], silent);
+  run();
+  auto after = children(sup);
+  CHECK(after[2].handle != before[2]);
+  CHECK(after[2].handle);
+  CHECK(after[2].restarts == 1);
+  CHECK(after[2].last_reason == silent);
+  CHECK(after[1].handle == before[1]);
+  // The old incarnation was killed; its down_msg did not cause a second restart.
+  auto downs = downs_of({before[2]});
+  REQUIRE(downs.size() == 1);
+  CHECK(downs[0] == caf::exit_reason::kill);
+  REQUIRE(events->sv_events.size() == 1);
+  CHECK(events->sv_events[0].child == "c");
+  CHECK(events->sv_events[0].reason == silent);
+  // A verdict about the replaced incarnation, or an unknown child, is ignored.
+  caf::anon_send(sup, sv_exited_atom::value, std::string("c"), before[2], silent);
+  caf::anon_send(sup, sv_exited_atom::value, std::string("nope"), before[0], silent);
+  run();
+  CHECK(children(sup)[2].handle == after[2].handle);
+  CHECK(stats(sup).total_restarts == 1);
+  CHECK(*starts == start_counts{{"a", 1}, {"b", 1}, {"c", 2}, {"d", 1}});
+  track(sup);
+}
