@@ -394,6 +394,9 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           // connection lost shows up as remote_link_unreachable.
           const bool link = ctx.last_reason == caf::exit_reason::remote_link_unreachable;
           decide_locked(*rt, idx, link ? "node-down" : "exit", now_ns());
+          // The connection to its node is gone: do not wait on it again
+          // (the owner's monitor may not have flagged it yet).
+          if (link) rt->unhealthy.insert(rt->node_of[idx]);
           // An injected crash fired in a daemon: its report may still be on
           // the way, but this incarnation must not get the plan again.
           if (auto step = supervision::fault_hooks::crash_step(ctx.last_reason); step && rt->opts.faults)
