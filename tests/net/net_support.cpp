@@ -1,6 +1,12 @@
 #include "tests/net/net_support.hpp"
 
+#include "actors/messages.hpp"
+#include "actors/tls.hpp"
+#include "model/tokenizer.hpp"
 #include "tests/support.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -14,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sstream>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -31,9 +38,13 @@ daemon_process::daemon_process(const std::string& dir, const std::vector<std::st
   int out[2];
   if (::pipe(out) != 0) return;
   const std::string err_prefix = dir + "/node-";
+  const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ == 0) {
-    // Child: only async-signal-safe calls until execv.
+    // Child: only async-signal-safe calls until execv. It dies with the test
+    // process even when that is killed (a ctest timeout) before the guards run.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) _exit(127);
     char path[4096];
     std::snprintf(path, sizeof path, "%s%d.err", err_prefix.c_str(), static_cast<int>(::getpid()));
     int err = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -108,6 +119,9 @@ void daemon_process::freeze() {
 void daemon_process::thaw() {
   if (pid_ > 0) ::kill(pid_, SIGCONT);
 }
+void daemon_process::signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
 
 std::string write_cluster_file(const std::string& path, const std::vector<uint16_t>& ports) {
   std::ofstream out(path);
@@ -116,6 +130,220 @@ std::string write_cluster_file(const std::string& path, const std::vector<uint16
     out << (i ? ", " : "") << "{\"host\": \"127.0.0.1\", \"port\": " << ports[i] << "}";
   out << "]}\n";
   return path;
+}
+
+std::string write_cluster_entries(const std::string& path, const std::vector<cluster_entry>& nodes) {
+  std::ofstream out(path);
+  out << "{\"nodes\": [";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    out << (i ? ", " : "") << "{\"host\": \"127.0.0.1\", \"port\": " << nodes[i].port;
+    if (nodes[i].spare) out << ", \"spare\": true";
+    if (!nodes[i].memory.empty()) out << ", \"memory\": \"" << nodes[i].memory << "\"";
+    out << "}";
+  }
+  out << "]}\n";
+  return path;
+}
+
+front_end_process::front_end_process(const std::vector<std::string>& args) {
+  std::vector<std::string> full = {cellshard_bin()};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int out[2], err[2];
+  if (::pipe(out) != 0) return;
+  if (::pipe(err) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return;
+  }
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // as daemon_process
+    if (::getppid() != parent) _exit(127);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::close(out[0]);
+    ::close(err[0]);
+    ::close(out[1]);
+    ::close(err[1]);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  fds_[0] = out[0];
+  fds_[1] = err[0];
+  if (pid_ < 0) {
+    for (int& f : fds_) {
+      ::close(f);
+      f = -1;
+    }
+    return;
+  }
+  for (int f : fds_) ::fcntl(f, F_SETFL, ::fcntl(f, F_GETFL) | O_NONBLOCK);
+}
+
+front_end_process::~front_end_process() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);  // also ends a stopped process
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+  for (int f : fds_)
+    if (f >= 0) ::close(f);
+}
+
+void front_end_process::pump(int timeout_ms) {
+  pollfd p[2];
+  int n = 0;
+  int which[2];
+  for (int i = 0; i < 2; ++i)
+    if (fds_[i] >= 0) {
+      p[n] = {fds_[i], POLLIN, 0};
+      which[n++] = i;
+    }
+  if (n == 0) return;
+  const int k = ::poll(p, static_cast<nfds_t>(n), timeout_ms);
+  if (k <= 0) return;  // timeout, or EINTR: the caller's loop checks its deadline
+  char buf[65536];
+  for (int j = 0; j < n; ++j) {
+    if (!(p[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    const int i = which[j];
+    for (;;) {
+      const ssize_t r = ::read(fds_[i], buf, sizeof buf);
+      if (r > 0) {
+        (i == 0 ? out_ : err_).append(buf, static_cast<size_t>(r));
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      ::close(fds_[i]);  // end of file (or an error): the writer is gone
+      fds_[i] = -1;
+      break;
+    }
+  }
+}
+
+bool front_end_process::wait_for_output(
+    const std::function<bool(const std::string& out, const std::string& err)>& pred, double deadline_s) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<long>(deadline_s * 1000));
+  for (;;) {
+    if (pred(out_, err_)) return true;
+    if (fds_[0] < 0 && fds_[1] < 0) return false;  // nothing more will come
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return false;
+    pump(static_cast<int>(std::min<long long>(left, 100)));
+  }
+}
+
+bool front_end_process::wait_for_stdout_bytes(size_t bytes, double deadline_s) {
+  return wait_for_output([bytes](const std::string& o, const std::string&) { return o.size() >= bytes; },
+                         deadline_s);
+}
+
+void front_end_process::kill(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+bool front_end_process::reap(bool block) {
+  if (pid_ <= 0) return true;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
+  if (r != pid_) return false;
+  status_ = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+  pid_ = -1;
+  return true;
+}
+
+bool front_end_process::running() {
+  return !reap(false);
+}
+
+int front_end_process::wait(double deadline_s) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<long>(deadline_s * 1000));
+  auto left_ms = [&] {
+    return static_cast<int>(std::max<long long>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count()));
+  };
+  for (;;) {
+    if (reap(false)) {
+      // It ended: its write ends are closed, so the pipes reach end of file.
+      while ((fds_[0] >= 0 || fds_[1] >= 0) && left_ms() > 0) pump(std::min(left_ms(), 100));
+      return status_;
+    }
+    const int left = left_ms();
+    if (left <= 0) return -1;
+    if (fds_[0] >= 0 || fds_[1] >= 0) {
+      pump(std::min(left, 20));
+    } else {
+      ::poll(nullptr, 0, std::min(left, 10));  // pipes closed, process not yet reapable
+    }
+  }
+}
+
+int journal_tokens(const std::string& path) {
+  std::istringstream in(read_file(path));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line))
+    if (line.find("\"token\"") != std::string::npos && line.find('}') != std::string::npos) ++n;
+  return n;
+}
+
+std::vector<size_t> fixture_text_offsets(const std::string& ids_file, const std::string& tokenizer_file) {
+  std::vector<size_t> offsets = {0};
+  auto tok = model::tokenizer::open(tokenizer_file);
+  if (!tok) return offsets;
+  const std::vector<int> ids = read_ids(ids_file);
+  size_t len = 0;
+  for (size_t k = 1; k < ids.size(); ++k) {
+    if (ids[k] == model::bos_id) break;  // run.c stops at BOS and prints nothing for it
+    len += (*tok)->decode(ids[k - 1], ids[k]).size();
+    offsets.push_back(len);
+  }
+  return offsets;
+}
+
+daemon_report query_daemon(uint16_t port, double deadline_s) {
+  daemon_report out;
+  const auto deadline = std::chrono::milliseconds(static_cast<long>(deadline_s * 1000));
+  caf::actor_system_config cfg;
+  actors::register_messages(cfg);
+  actors::net_options no;  // 1 s heartbeat, 3 s connection timeout: a connect cannot hang
+  auto net = actors::configure_network(cfg, no);
+  if (!net) {
+    out.error = net.message();
+    return out;
+  }
+  caf::actor_system sys(cfg);
+  caf::scoped_actor self(sys);
+  caf::actor daemon;
+  self->request(sys.middleman().actor_handle(), deadline, caf::connect_atom::value, std::string("127.0.0.1"), port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            daemon = caf::actor_cast<caf::actor>(ptr);
+          },
+          [&](caf::error& e) { out.error = "connect: " + sys.render(e); });
+  if (!daemon) {
+    if (out.error.empty()) out.error = "connect: no actor published there";
+    return out;
+  }
+  self->request(daemon, deadline, actors::stats_atom::value)
+      .receive(
+          [&](actors::node_report& r) {
+            out.ok = true;
+            out.shards = r.shards;
+            out.clients = r.clients;
+            out.used_bytes = r.used_bytes;
+          },
+          [&](caf::error& e) { out.error = "stats: " + sys.render(e); });
+  return out;
 }
 
 uint16_t closed_port() {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <sys/types.h>
@@ -15,7 +16,9 @@ namespace cellshard::test {
 
 /// One `cellshard node --listen 127.0.0.1:0 ...` process. The constructor
 /// waits (at most `deadline_s`) for its `listening HOST:PORT` line; stderr
-/// goes to `<dir>/node-<pid>.err`. The destructor SIGKILLs and reaps it.
+/// goes to `<dir>/node-<pid>.err`. The destructor SIGKILLs and reaps it; the
+/// daemon also gets SIGKILL when the test process dies first (PR_SET_PDEATHSIG:
+/// when the thread that started it ends, so start it from the test's thread).
 class daemon_process {
 public:
   daemon_process(const std::string& dir, const std::vector<std::string>& extra_args,
@@ -34,6 +37,7 @@ public:
   int early_status() const { return early_status_; }
   void freeze();  // SIGSTOP
   void thaw();    // SIGCONT
+  void signal(int sig);  // e.g. SIGKILL; the destructor still reaps it
 
 private:
   pid_t pid_ = -1;
@@ -45,6 +49,84 @@ private:
 
 /// Writes {"nodes": [{"host": "127.0.0.1", "port": P}, ...]} and returns the path.
 std::string write_cluster_file(const std::string& path, const std::vector<uint16_t>& ports);
+
+/// One node of a cluster file: the daemon's port, whether it is a spare, and
+/// the budget the front end's placement assumes for it ("" = not written;
+/// the daemon's own budget comes from its --memory flag).
+struct cluster_entry {
+  uint16_t port = 0;
+  bool spare = false;
+  std::string memory;  // e.g. "64KiB"
+};
+/// Writes {"nodes": [{"host": "127.0.0.1", "port": P[, "spare": true][, "memory": M]}, ...]}.
+std::string write_cluster_entries(const std::string& path, const std::vector<cluster_entry>& nodes);
+
+/// A process of the cellshard binary (typically `cellshard run ...` as a front
+/// end) with stdout and stderr on non-blocking pipes, read by this object as
+/// it waits. Every wait has a deadline; nothing sleeps blindly. The destructor
+/// SIGKILLs (a stopped process too) and reaps it; PR_SET_PDEATHSIG as
+/// daemon_process.
+/// Thread safety: one thread at a time.
+class front_end_process {
+public:
+  /// `args` follow the binary: {"run", "-m", ...}.
+  explicit front_end_process(const std::vector<std::string>& args);
+  ~front_end_process();
+  front_end_process(const front_end_process&) = delete;
+  front_end_process& operator=(const front_end_process&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  /// Reads both pipes until `pred(stdout so far, stderr so far)` holds (true),
+  /// or the deadline passes or the process closed its pipes without it (false).
+  bool wait_for_output(const std::function<bool(const std::string& out, const std::string& err)>& pred,
+                       double deadline_s);
+  /// wait_for_output until stdout holds at least `bytes` bytes.
+  bool wait_for_stdout_bytes(size_t bytes, double deadline_s);
+  /// Sends `sig` (no-op once reaped).
+  void kill(int sig);
+  /// Reads the pipes until the process ends (at most `deadline_s`) and reaps
+  /// it. Returns its exit status (0..255), 128 + N when signal N ended it, or
+  /// -1 when it is still running at the deadline.
+  int wait(double deadline_s);
+  /// True while it has not been reaped and has not ended.
+  bool running();
+  const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
+
+private:
+  /// One poll of the open pipes (at most `timeout_ms`), appending what arrived.
+  void pump(int timeout_ms);
+  bool reap(bool block);
+  pid_t pid_ = -1;
+  int fds_[2] = {-1, -1};  // stdout, stderr read ends
+  int status_ = -1;
+  std::string out_, err_;
+};
+
+/// Lines of a --journal FILE that record a token (the header line excluded):
+/// how many tokens the run journaled so far.
+int journal_tokens(const std::string& path);
+
+/// For a llama2.c fixture (ids file) and tokenizer file: the length of the
+/// text run.c prints after each generated token, offsets[k] = bytes of stdout
+/// once ids[1..k] were printed (offsets[0] = 0). The pieces come from
+/// model::tokenizer::decode, so `offsets.back()` + 1 ("\n") is the fixture
+/// text's length.
+std::vector<size_t> fixture_text_offsets(const std::string& ids_file, const std::string& tokenizer_file);
+
+/// What a daemon reports about itself (its `stats_atom` reply, node_report).
+struct daemon_report {
+  bool ok = false;
+  std::string error;  // why not, when !ok
+  int shards = 0;     // shards it hosts now
+  int clients = 0;    // front ends joined
+  uint64_t used_bytes = 0;
+};
+/// Asks the daemon at 127.0.0.1:`port` over CAF's middleman, from a
+/// short-lived actor system in this process (connection and request each
+/// bounded by `deadline_s`).
+daemon_report query_daemon(uint16_t port, double deadline_s = 5);
 
 /// A TCP port on 127.0.0.1 where nothing listens (bound, then closed).
 uint16_t closed_port();
