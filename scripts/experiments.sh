@@ -2,7 +2,7 @@
 # Regenerates every figure and table of docs/experiments.md into
 # docs/img/ (PNG) and docs/data/ (CSV, JSON). Needs a build (scripts/build.sh),
 # gnuplot and python3, and the real model files in $CELLSHARD_MODELS
-# (default ../shared/models). Takes about 10 minutes on 2 cores.
+# (default ../shared/models). Takes about 11 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build/tools/cellshard
@@ -62,4 +62,10 @@ plot '$TMP/timeline.dat' using 1:2 with lines lw 2 title 'token delivered', \
      '$TMP/faults.dat' using 1:2 with points pt 7 ps 1.5 title 'fault', \
      '$TMP/faults.dat' using 1:2:3 with labels offset 1,-1 left font ',9' notitle
 GP
+echo "== recovery over processes: a SIGKILL and a SIGSTOP of node daemons" >&2
+$B bench recovery --processes --repeat 5 -m "$M/stories260K.bin" -z "$M/tok512.bin" --out "$TMP/rproc" >/dev/null
+cp "$TMP/rproc/recovery_timeline.png" "$IMG/recovery_processes_timeline.png"
+cp "$TMP/rproc/recovery_processes.json" "$DATA/recovery_processes.json"
+cp "$TMP/rproc/recovery_timeline.csv" "$DATA/recovery_processes_timeline.csv"
+cp "$TMP/rproc/recovery_marks.csv" "$DATA/recovery_processes_marks.csv"
 echo "wrote $IMG/*.png and $DATA/*" >&2
