@@ -218,14 +218,6 @@ int do_chaos(const chaos_opts& o) {
       kinds.push_back(supervision::to_string(static_cast<supervision::fault_kind>(k)));
     if (o.processes > 0) kinds.insert(kinds.end(), {"kill", "stop"});
   }
-  for (const auto& k : kinds) {
-    if (k == "kill" || k == "stop") {
-      if (o.processes == 0)
-        throw cli_error("--kinds " + k + ": external faults need daemons started by chaos (--processes N)", 2);
-    } else if (!supervision::parse_fault_kind(k)) {
-      throw cli_error("--kinds: " + supervision::parse_fault_kind(k).message() + ", kill or stop", 2);
-    }
-  }
 
   // Node daemons: started here (--processes) or given (--cluster).
   std::unique_ptr<local_daemons> daemons;
@@ -499,6 +491,14 @@ void add_chaos(CLI::App& app, int& status) {
       throw cli_error("--tls-cert/--tls-key/--tls-ca secure the connections to node daemons: they need --cluster",
                       2);
     if (!o->daemon_logs.empty() && o->processes == 0) throw cli_error("--daemon-logs needs --processes", 2);
+    for (const auto& k : o->kinds) {
+      if (k == "kill" || k == "stop") {
+        if (o->processes == 0)
+          throw cli_error("--kinds " + k + ": external faults need daemons started by chaos (--processes N)", 2);
+      } else if (!supervision::parse_fault_kind(k)) {
+        throw cli_error("--kinds: " + supervision::parse_fault_kind(k).message() + ", kill or stop", 2);
+      }
+    }
     auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
     if (!tls) throw cli_error(tls.message(), 2);
     status = do_chaos(*o);
