@@ -53,6 +53,7 @@ struct daemon_state {
   std::map<caf::actor_addr, client_record> clients;  // by owner
   std::map<caf::actor_addr, caf::actor_addr> owner_of;  // shard -> owner
   std::map<caf::actor_addr, caf::actor> shard_handles;
+  std::map<caf::actor_addr, int32_t> index_of;  // shard -> placement index (for the log)
   static inline const char* name = "cellshard.daemon";
 };
 
@@ -205,6 +206,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   cl->second.shards.insert(a.address());
   st.owner_of[a.address()] = s.owner.address();
   st.shard_handles[a.address()] = a;
+  st.index_of[a.address()] = s.index;
   out.shard = a;
   out.weight_bytes = (*w)->bytes();
   log(self, "placement index " + std::to_string(s.index) + " (stage " + std::to_string(s.stage) +
@@ -296,6 +298,14 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
   auto prof = topologies::find_profile(st.opts.profile);
   st.node->profile = st.opts.profile;
   st.node->budget_bytes = st.opts.memory ? st.opts.memory : (prof ? prof->memory_bytes : 0);
+  {
+    topologies::link_spec link = prof ? prof->link : topologies::link_spec{};
+    if (!st.opts.link.empty()) {
+      auto l = topologies::parse_link(st.opts.link);
+      if (l) link = *l;  // validated by node_daemon::start
+    }
+    st.node->shaper = std::make_shared<link_shaper>(link);
+  }
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.clients.count(dm.source)) {
@@ -303,6 +313,14 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
       return;
     }
     auto o = st.owner_of.find(dm.source);
+    auto ix = st.index_of.find(dm.source);
+    if (ix != st.index_of.end()) {
+      // E.g. the front end took the shard away (its node was suspected
+      // silent) or an injected crash; a departing front end logs its own line.
+      if (o != st.owner_of.end() && st.clients.count(o->second))
+        log(self, "placement index " + std::to_string(ix->second) + " stopped: " + self->system().render(dm.reason));
+      st.index_of.erase(ix);
+    }
     if (o != st.owner_of.end()) {
       auto cl = st.clients.find(o->second);
       if (cl != st.clients.end()) cl->second.shards.erase(dm.source);
@@ -326,6 +344,8 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.profile = st.node->profile;
         r.budget_bytes = st.node->budget_bytes;
         r.used_bytes = st.node->used_bytes.load();
+        r.link_bandwidth_bps = st.node->shaper->spec().bandwidth_bps;
+        r.link_latency_us = st.node->shaper->spec().latency_us;
         if (j.fp.protocol != node_protocol_version) {
           r.error = "protocol version " + std::to_string(j.fp.protocol) + " (this node speaks " +
                     std::to_string(node_protocol_version) + ")";
@@ -442,6 +462,10 @@ result<std::unique_ptr<node_daemon>> node_daemon::start(const daemon_options& o)
   if (o.models_dir.empty()) return make_error("--models: no folder given");
   if (!is_dir(o.models_dir)) return make_error("--models: " + o.models_dir + " is not a folder");
   if (o.host.empty()) return make_error("--listen: empty host");
+  if (!o.link.empty()) {
+    auto l = topologies::parse_link(o.link);
+    if (!l) return make_error("--link: " + l.message());
+  }
   auto im = std::make_unique<impl>();
   im->opts = o;
   register_messages(im->cfg);

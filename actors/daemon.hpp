@@ -40,6 +40,11 @@ struct daemon_options {
   uint16_t port = 0;               // 0: the OS picks a free port
   std::string profile = "host";    // topologies profile name: host | ps3 | ps3-slim | rpi5
   uint64_t memory = 0;             // budget override in bytes (0: the profile's)
+  /// Shaping of the shards' outgoing links, "BANDWIDTH:LATENCY" as --link
+  /// (topologies::parse_link; "": the profile's link, unshaped for host).
+  /// Applied by the link shaper in front of every shard-to-shard send
+  /// (actors/transport.hpp), as for in-process nodes.
+  std::string link;
   std::string models_dir;          // where the model and tokenizer files are found by name
   net_options net;                 // heartbeats, connection timeout, TLS, CAF threads
   std::chrono::milliseconds peer_timeout{5000};  // deadline of a connection to another daemon

@@ -350,11 +350,13 @@ struct node_joined {
   std::string profile;
   uint64_t budget_bytes = 0;  // 0 = unlimited
   uint64_t used_bytes = 0;
+  uint64_t link_bandwidth_bps = 0;  // the daemon's link shaping (0 / 0: unshaped), so that
+  double link_latency_us = 0;       // the front end measures it against this target
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_joined& x) {
   return f(caf::meta::type_name("node_joined"), x.error, x.fp, x.models_dir, x.profile,
-           x.budget_bytes, x.used_bytes);
+           x.budget_bytes, x.used_bytes, x.link_bandwidth_bps, x.link_latency_us);
 }
 
 /// front end -> daemon: open direct connections to these daemons, so that

@@ -393,7 +393,8 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           // Detection of a failure the runtime did not inject: a daemon's
           // connection lost shows up as remote_link_unreachable.
           const bool link = ctx.last_reason == caf::exit_reason::remote_link_unreachable;
-          decide_locked(*rt, idx, link ? "node-down" : "exit", now_ns());
+          const bool stopped = ctx.last_reason == caf::exit_reason::user_shutdown;
+          decide_locked(*rt, idx, link ? "node-down" : stopped ? "node-stopped" : "exit", now_ns());
           // The connection to its node is gone: do not wait on it again
           // (the owner's monitor may not have flagged it yet).
           if (link) rt->unhealthy.insert(rt->node_of[idx]);

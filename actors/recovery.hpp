@@ -55,14 +55,16 @@ namespace cellshard::actors {
 /// Injected faults (--fault) are reported by the shard when they fire, so
 /// detect_ms is known. A failure the runtime only observes -- a node daemon
 /// killed or its connection lost ("node-down": the shard's proxy went down),
-/// a daemon frozen ("node-silent": its heartbeats stopped, phi accrual) --
+/// a daemon frozen ("node-silent": its heartbeats stopped, phi accrual), a
+/// daemon stopped on purpose ("node-stopped": SIGTERM, its shards ended
+/// with user_shutdown), any other exit of a shard ("exit") --
 /// gets a record at the decision with fired_ns = 0 and detect_ms = -1: only
 /// whoever caused it knows when it happened, and can compute
 /// decided_ns - (its own steady_clock time of the kill). The *_ns fields are
 /// std::chrono::steady_clock::now().time_since_epoch() in ns, which is
 /// CLOCK_MONOTONIC on Linux, so they compare across processes of one host.
 struct fault_record {
-  std::string kind;          // a fault_kind name, or "node-down" / "node-silent"
+  std::string kind;          // a fault_kind name, or node-down / node-silent / node-stopped / exit
   int index = -1;            // placement index
   int node = -1;
   int64_t step = 0;          // position at which it fired (external: the session's position when detected, or -1)

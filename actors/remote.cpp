@@ -276,6 +276,8 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
                            " has digest " + hex(r.fp.tokenizer_digest) + ", the front end's " +
                            fp.tokenizer_name + " has " + hex(fp.tokenizer_digest));
         if (!diff.empty()) append(errors, who + " refused: cluster fingerprint mismatch: " + diff);
+        // The link the daemon shapes is the target its measurement is held to.
+        specs_[i].prof.link = topologies::link_spec{r.link_bandwidth_bps, r.link_latency_us};
       }
     }
     if (!errors.empty()) {
@@ -354,19 +356,30 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.checkpoint_every = req.checkpoint_every;
   s.heartbeat = req.heartbeat;
   s.coordinator = req.coordinator;
+  // Not a request: a daemon that stops (or whose connection drops) while we
+  // wait must end the wait at once -- the supervisor runs this factory and
+  // the whole stage waits with it. The daemon's reply to a plain message
+  // comes back as a plain message; the monitor brings its down_msg.
   caf::scoped_actor self{sys};
+  self->monitor(target);
   result<caf::actor> out = make_error(describe(node) + ": no reply");
-  self->request(target, opts_.request_timeout, std::move(s))
-      .receive(
-          [&](shard_spawned& r) {
-            if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
-            else out = r.shard;
-          },
-          [&](caf::error& e) {
-            out = make_error(describe(node) + ": no answer to the spawn request within " +
-                             std::to_string(opts_.request_timeout.count()) + " ms: " +
-                             describe_connect_error(sys, e));
-          });
+  bool gone = false;
+  self->send(target, std::move(s));
+  self->receive(
+      [&](shard_spawned& r) {
+        if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
+        else out = r.shard;
+      },
+      [&](caf::down_msg& dm) {
+        gone = true;
+        out = make_error(describe(node) + ": its daemon went down while spawning (" + sys.render(dm.reason) + ")");
+      },
+      caf::after(opts_.request_timeout) >> [&] {
+        out = make_error(describe(node) + ": no answer to the spawn request within " +
+                         std::to_string(opts_.request_timeout.count()) + " ms");
+      });
+  self->demonitor(target);
+  if (gone && down_ && node < static_cast<int>(down_->size())) (*down_)[node] = true;
   return out;
 }
 

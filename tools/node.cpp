@@ -20,7 +20,7 @@ namespace cellshard::tools {
 namespace {
 
 struct node_opts {
-  std::string listen, profile = "host", memory, models, tls_cert, tls_key, tls_ca;
+  std::string listen, profile = "host", memory, link, models, tls_cert, tls_key, tls_ca;
   int caf_threads = 2, blas_threads = 1;
   int heartbeat_ms = 1000, connection_timeout_ms = 3000, peer_timeout_ms = 5000;
   bool quiet = false;
@@ -38,6 +38,7 @@ int do_node(const node_opts& o) {
   d.host = hp->host;
   d.port = hp->port;
   d.profile = o.profile;
+  d.link = o.link;
   if (!o.memory.empty()) {
     auto m = topologies::parse_memory(o.memory);
     if (!m) throw cli_error("--memory: " + m.message(), 2);
@@ -73,8 +74,9 @@ int do_node(const node_opts& o) {
   std::printf("listening %s\n", addr.c_str());
   std::fflush(stdout);
   if (!o.quiet)
-    std::fprintf(stderr, "cellshard node %s: profile %s, models in %s%s\n", addr.c_str(), d.profile.c_str(),
-                 d.models_dir.c_str(), d.net.tls.requested() ? ", mutual TLS" : "");
+    std::fprintf(stderr, "cellshard node %s: profile %s, models in %s%s%s\n", addr.c_str(), d.profile.c_str(),
+                 d.models_dir.c_str(), d.net.tls.requested() ? ", mutual TLS" : "",
+                 d.link.empty() ? "" : (", links shaped to " + d.link).c_str());
   int sig = 0;
   sigwait(&stop_signals, &sig);
   if (!o.quiet) std::fprintf(stderr, "cellshard node %s: signal %d, stopping\n", addr.c_str(), sig);
@@ -91,6 +93,8 @@ void add_node(CLI::App& app, int& status) {
                   "the first line on stdout is 'listening HOST:PORT'")->required();
   cmd->add_option("--profile", o->profile, "node profile: host|ps3|ps3-slim|rpi5")->capture_default_str();
   cmd->add_option("--memory", o->memory, "memory budget, e.g. 256MiB (overrides the profile's)");
+  cmd->add_option("--link", o->link,
+                  "shape the shards' outgoing links, BANDWIDTH:LATENCY e.g. 1gbit:100us (overrides the profile's)");
   cmd->add_option("--models", o->models,
                   "folder holding the model and tokenizer files, found by file name "
                   "(default: $CELLSHARD_MODELS, else ./models)");

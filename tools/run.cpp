@@ -324,7 +324,12 @@ int do_run(const run_opts& o) {
                              {"recover_ms", f.recover_ms},
                              {"replayed_positions", f.replayed_positions},
                              {"host_node", f.node},
-                             {"moved_to_node", f.moved_to_node}});
+                             {"moved_to_node", f.moved_to_node},
+                             // steady-clock ns (CLOCK_MONOTONIC): a tool that killed a
+                             // daemon computes detection from its own clock
+                             {"fired_ns", f.fired_ns},
+                             {"decided_ns", f.decided_ns},
+                             {"recovered_ns", f.recovered_ns}});
     if (!out->recoveries.empty())
       std::fprintf(stderr, "recovered %zu time(s):", out->recoveries.size());
     for (const auto& r : out->recoveries)
