@@ -181,3 +181,52 @@ TEST_CASE("the front end forwards no activation bytes between stages", "[net][tr
     }
   }
 }
+
+TEST_CASE("daemons shape their links as in-process nodes do, and the front end measures them", "[net][shaper]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-shaped", {"--link", "100mbit:2ms"});
+  std::vector<actors::remote_node> entries;
+  for (auto p : c.ports) entries.push_back({"127.0.0.1", p, "", 0, false});
+  actors::cluster_options co;
+  co.model = test::shared_file("models/stories260K.bin");
+  co.tokenizer = test::shared_file("models/tok512.bin");
+  co.topology = "pipeline";
+  co.host = std::make_shared<actors::remote_host>(entries, actors::remote_options{});
+  auto cl = actors::cluster::start(co);
+  INFO((cl ? std::string() : cl.message()));
+  REQUIRE(cl);
+  // A bounded transfer per link (the probe burst); one retry, as any
+  // bandwidth measurement on a shared machine gets.
+  auto within = [](const actors::cluster::link_measurement& m) {
+    return std::abs(m.measured_bps / m.target_bps - 1) <= 0.10;
+  };
+  auto links = (*cl)->measure_links();
+  REQUIRE(links);
+  REQUIRE(links->size() == 3);  // 0 -> 1 -> 2 -> 3
+  bool ok = true;
+  for (const auto& m : *links) ok = ok && within(m);
+  if (!ok) {
+    links = (*cl)->measure_links();
+    REQUIRE(links);
+  }
+  for (const auto& m : *links) {
+    // The daemons reported the link they shape: it is the target.
+    CHECK(m.target_bps == 100e6);
+    CHECK(m.target_latency_us == 2000);
+    WARN("link " << m.from << " -> " << m.to << ": measured " << m.measured_bps / 1e6 << " Mbit/s, "
+                 << m.measured_latency_us << " us one-way (target 100 Mbit/s, 2000 us)");
+    CHECK(within(m));
+    // The delay queue is in effect: a hop takes at least its 2 ms (the real
+    // loopback hop between processes comes on top).
+    CHECK(m.measured_latency_us >= 2000);
+  }
+  model::generation_params gp;
+  gp.steps = 40;
+  gp.sampling.temperature = 0.0f;
+  auto out = (*cl)->generate(gp);
+  REQUIRE(out);
+  REQUIRE(out->ok);
+  auto want = test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids"));
+  want.resize(out->result.ids.size());
+  CHECK(out->result.ids == want);
+}
