@@ -182,3 +182,22 @@ TEST_CASE("recovery impossible: the error and the partial output come back", "[r
     CHECK(std::equal(out.result.ids.begin(), out.result.ids.end(), want.begin()));
   }
 }
+
+TEST_CASE("a node that was suspected and heartbeats again rejoins as a spare", "[recovery][replace]") {
+  if (!test::have_shared()) return;
+  // Paced (10 ms per step at stage 0) so that node 1's 1.2 s silence (from
+  // ~0.2 s) ends well before step 190 (~1.9 s): its shard moves to the spare (node 3), node 1
+  // heartbeats again and holds nothing, so it is offered as a spare; the
+  // second silence (node 2, for ever) then moves stage 2 onto node 1.
+  fault_case c{"", 3, 1, "pipeline", "greedy_bos_n200",
+               {"slow:node=0:step=0:ms=10", "silence:node=1:step=20:ms=1200", "silence:node=2:step=190"}};
+  std::vector<actors::fault_record> records;
+  auto out = run_with_faults(c, test::stories_options(3, "pipeline"), &records);
+  INFO(out.error);
+  REQUIRE(out.ok);
+  CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/greedy_bos_n200.ids")));
+  std::vector<std::pair<int, int>> moves;  // (placement index, node it moved to)
+  for (const auto& r : records)
+    if (r.kind == "silence") moves.emplace_back(r.index, r.moved_to_node);
+  CHECK(moves == std::vector<std::pair<int, int>>{{1, 3}, {2, 1}});
+}
