@@ -249,11 +249,12 @@ struct shard_restarted {
   caf::actor entry;          // the (possibly new) embedding holder
   caf::actor stage_head;     // rank 0 of the previous stage (the replay source), if any
   std::vector<caf::actor> stage_group;  // the shards of its stage, rank order
+  int32_t remaining = 0;     // notices of the same batch still to come (recover at 0)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_restarted& x) {
   return f(caf::meta::type_name("shard_restarted"), x.index, x.stage, x.node, x.handle, x.entry,
-           x.stage_head, x.stage_group);
+           x.stage_head, x.stage_group, x.remaining);
 }
 
 /// coordinator -> sessions: recovery is impossible (intensity exceeded, no capacity).

@@ -26,7 +26,11 @@ int64_t now_ns() { return clock_type::now().time_since_epoch().count(); }
 struct coordinator_state {
   std::shared_ptr<runtime_shared> rt;
   std::set<caf::actor> sessions;
-  uint64_t announcements = 0;  // restart announcements under way (wiring being confirmed)
+  // Restarts whose wiring is being confirmed; announced together when the
+  // last confirmation is in (see announce_restarts).
+  std::set<int> batch;
+  std::map<uint64_t, caf::actor_addr> unconfirmed;  // confirmation id -> shard asked
+  uint64_t next_confirmation = 0;
   static inline const char* name = "cellshard.coordinator";
 };
 
@@ -83,25 +87,92 @@ void decide_locked(runtime_shared& rt, int index, const std::string& external_ki
   rt.faults.push_back(r);
 }
 
-/// Sends `msg` to every session once each shard in `confirm` has applied its
-/// wiring (a request answered after the wire message was handled), so that
-/// no replayed step can overtake a wiring over daemons (different senders
-/// have no order between them). A shard that does not answer within
-/// `deadline` is reported by the supervision tree on its own.
-void announce_after_wiring(coordinator_actor* self, std::vector<std::pair<caf::actor, wiring>> confirm,
-                           shard_restarted msg, std::chrono::milliseconds deadline) {
-  auto left = std::make_shared<size_t>(confirm.size());
-  auto done = [self, left, msg] {
-    if (--*left > 0) return;
-    for (auto& s : self->state.sessions) self->send(s, msg);
-  };
-  if (confirm.empty()) {
-    for (auto& s : self->state.sessions) self->send(s, msg);
-    return;
+/// Restarts are announced in batches. A new incarnation enters the wiring
+/// only here (the factory leaves actor_of alone on restarts), and the
+/// sessions hear of it only once it and the shards that send to it have
+/// confirmed their new wiring (a request answered after the wire message was
+/// handled: over daemons, nothing orders the wiring from the front end
+/// against activations from a neighbour). Restarts that overlap -- two
+/// shards of one tensor group crashing together -- join the batch, so the
+/// sessions learn of all of them at once, and no session replays through a
+/// new incarnation it has not restored first. Each notice carries the number
+/// still to come (`remaining`); a session recovers when it reaches 0.
+void restart_confirmed(coordinator_actor* self, uint64_t id) {
+  auto& st = self->state;
+  if (st.unconfirmed.erase(id) == 0 || !st.unconfirmed.empty()) return;  // late, or more to come
+  std::vector<shard_restarted> notices;
+  {
+    std::lock_guard<std::mutex> lock(st.rt->mu);
+    const auto& plan = st.rt->plan;
+    for (int i : st.batch) {
+      shard_restarted msg;
+      const int s = plan.shards[i].stage;
+      msg.index = i;
+      msg.stage = s;
+      msg.node = st.rt->node_of[i];
+      msg.handle = st.rt->actor_of[i];
+      msg.entry = st.rt->actor_of[plan.stages.front().shards.front()];
+      if (s > 0) msg.stage_head = st.rt->actor_of[plan.stages[s - 1].shards.front()];
+      for (int k : plan.stages[s].shards) msg.stage_group.push_back(st.rt->actor_of[k]);
+      notices.push_back(std::move(msg));
+    }
   }
-  for (auto& c : confirm)
-    self->request(c.first, deadline, wire_atom::value, std::move(c.second))
-        .then([done] { done(); }, [done](caf::error&) { done(); });
+  st.batch.clear();
+  for (size_t k = 0; k < notices.size(); ++k) notices[k].remaining = static_cast<int32_t>(notices.size() - 1 - k);
+  for (auto& s : st.sessions)
+    for (const auto& n : notices) self->send(s, n);
+}
+
+/// A restarted shard joins the batch; its stage and the one before it get
+/// the new wiring, to be confirmed.
+void announce_restart(coordinator_actor* self, int i, const caf::actor& handle) {
+  auto& st = self->state;
+  std::vector<std::pair<caf::actor, wiring>> confirm;
+  caf::actor silent_incarnation;  // started on a node suspected since
+  caf::actor_addr previous;
+  {
+    std::lock_guard<std::mutex> lock(st.rt->mu);
+    if (st.rt->actor_of[i]) previous = st.rt->actor_of[i].address();
+    st.rt->actor_of[i] = handle;
+    const auto& plan = st.rt->plan;
+    const int s = plan.shards[i].stage;
+    for (int stage : {s - 1, s}) {
+      if (stage < 0) continue;
+      const wiring w = wiring_of(*st.rt, stage);
+      for (int idx : plan.stages[stage].shards)
+        if (st.rt->actor_of[idx]) confirm.emplace_back(st.rt->actor_of[idx], w);
+    }
+    if (st.rt->unhealthy.count(st.rt->node_of[i])) silent_incarnation = handle;
+  }
+  st.batch.insert(i);
+  // The previous incarnation is gone: a confirmation asked of it (by an
+  // overlapping restart) will never come.
+  std::vector<uint64_t> moot;
+  for (auto& u : st.unconfirmed)
+    if (previous && u.second == previous) moot.push_back(u.first);
+  const uint64_t self_id = st.next_confirmation++;
+  st.unconfirmed[self_id] = caf::actor_addr{};
+  // A shard that does not answer within 2 s is on a node the detectors deal
+  // with (suspected in ~0.35 s); the batch does not wait for it longer.
+  for (auto& c : confirm) {
+    const uint64_t id = st.next_confirmation++;
+    st.unconfirmed[id] = c.first.address();
+    self->request(c.first, std::chrono::milliseconds(2000), wire_atom::value, std::move(c.second))
+        .then([self, id] { restart_confirmed(self, id); }, [self, id](caf::error&) { restart_confirmed(self, id); });
+  }
+  for (auto id : moot) restart_confirmed(self, id);
+  restart_confirmed(self, self_id);  // a batch with nothing to confirm still goes out
+  if (silent_incarnation) {
+    // Its node fell silent between the factory's choice and now: the
+    // detector's verdict went to the previous incarnation; repeat it.
+    std::lock_guard<std::mutex> lock(st.rt->mu);
+    const int s = st.rt->plan.shards[i].stage;
+    if (s < static_cast<int>(st.rt->stage_supervisors.size()))
+      self->send(st.rt->stage_supervisors[s], supervision::sv_exited_atom::value, "shard-" + std::to_string(i),
+                 silent_incarnation,
+                 supervision::make_error(supervision::sv_errc::node_silent,
+                                         "node " + std::to_string(st.rt->node_of[i]) + " is suspected silent"));
+  }
 }
 
 caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_shared> rt) {
@@ -208,30 +279,7 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
         if (ev.kind == supervision::supervisor_event_kind::child_restarted) {
           const int i = index_of_child(ev.child);
           if (i < 0) return;
-          shard_restarted msg;
-          std::vector<std::pair<caf::actor, wiring>> confirm;
-          std::chrono::milliseconds deadline{5000};
-          {
-            std::lock_guard<std::mutex> lock(st.rt->mu);
-            st.rt->actor_of[i] = ev.handle;
-            const auto& plan = st.rt->plan;
-            const int s = plan.shards[i].stage;
-            // The new shard and the stage before it (which sends to it).
-            for (int stage : {s - 1, s}) {
-              if (stage < 0) continue;
-              const wiring w = wiring_of(*st.rt, stage);
-              for (int idx : plan.stages[stage].shards)
-                if (st.rt->actor_of[idx]) confirm.emplace_back(st.rt->actor_of[idx], w);
-            }
-            msg.index = i;
-            msg.stage = s;
-            msg.node = st.rt->node_of[i];
-            msg.handle = ev.handle;
-            msg.entry = st.rt->actor_of[plan.stages.front().shards.front()];
-            if (s > 0) msg.stage_head = st.rt->actor_of[plan.stages[s - 1].shards.front()];
-            for (int k : plan.stages[s].shards) msg.stage_group.push_back(st.rt->actor_of[k]);
-          }
-          announce_after_wiring(self, std::move(confirm), std::move(msg), deadline);
+          announce_restart(self, i, ev.handle);
           return;
         }
         if (ev.kind == supervision::supervisor_event_kind::escalated) {
@@ -438,7 +486,9 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           auto a = host->spawn(ctx.system, req);
           lock.lock();
           if (a) {
-            rt->actor_of[idx] = *a;
+            // A restart enters the wiring through the coordinator only
+            // (announce_restart), never before the sessions can restore it.
+            if (ctx.incarnation == 0) rt->actor_of[idx] = *a;
             return *a;
           }
           errors += (errors.empty() ? "" : "; ") + std::string("node ") + std::to_string(node) + ": " + a.message();

@@ -367,6 +367,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         st.spec.shards[r.index] = r.handle;
         st.spec.entry = r.entry;
         st.restarted.insert(r.index);
+        if (r.remaining > 0) return;  // the rest of the batch first: one recovery for all
         if (st.pos >= st.spec.params.steps) return;  // nothing in flight
         recover(self);
       },

@@ -50,6 +50,10 @@ struct session_state {
 struct shard_state {
   shard_init init;
   wiring wires;
+  bool wired = false;
+  // Steps that arrived before the first wiring (none should: the runtime
+  // confirms wiring before any step reaches a shard); handled once it comes.
+  std::vector<caf::message> unwired;
   std::unique_ptr<supervision::fault_hooks> hooks;
   std::unordered_map<uint64_t, session_state> sessions;
   std::set<uint64_t> closed;   // sessions ended here: late messages are dropped
@@ -375,6 +379,13 @@ bool faults_allow(shard_actor* self, activation& a) {
   return true;
 }
 
+/// A step message that came before the shard's first wiring waits for it
+/// (bounded: beyond 4096 the step is dropped, and the session re-sends it).
+void hold_until_wired(shard_actor* self, caf::message m) {
+  auto& st = self->state;
+  if (st.unwired.size() < 4096) st.unwired.push_back(std::move(m));
+}
+
 caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   auto& st0 = self->state;
   st0.init = std::move(init);
@@ -392,11 +403,19 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
     return (st.hooks && st.hooks->silenced()) || self->clock().now() < st.partitioned_until;
   };
   caf::message_handler own{
-      [=](wire_atom, wiring w) { self->state.wires = std::move(w); },
+      [=](wire_atom, wiring w) {
+        auto& st = self->state;
+        st.wires = std::move(w);
+        if (st.wired) return;
+        st.wired = true;
+        for (auto& m : st.unwired) self->send(self, std::move(m));
+        st.unwired.clear();
+      },
       // Embedding holder: tokens -> x, broadcast to the stage's group.
       [=](forward_req& req) {
         if (silent()) return;
         auto& st = self->state;
+        if (!st.wired) return hold_until_wired(self, caf::make_message(std::move(req)));
         const auto& w = *st.init.weights;
         const int dim = w.cfg().dim;
         activation a;
@@ -421,6 +440,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
       [=](activation& a) {
         if (silent()) return;
         auto& st = self->state;
+        if (!st.wired) return hold_until_wired(self, caf::make_message(std::move(a)));
         if (self->current_sender() != self->ctrl()) st.bytes_received += payload_bytes(a.x);
         if (!a.x.ok()) {
           report(self, a.reply_to, a.id,
@@ -441,6 +461,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
       [=](partial_sum& p) {
         if (silent()) return;
         auto& st = self->state;
+        if (!st.wired) return hold_until_wired(self, caf::make_message(std::move(p)));
         st.bytes_received += payload_bytes(p.data);
         if (st.closed.count(p.id.session)) return;
         auto it = st.sessions.find(p.id.session);

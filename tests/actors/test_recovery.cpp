@@ -201,3 +201,27 @@ TEST_CASE("a node that was suspected and heartbeats again rejoins as a spare", "
     if (r.kind == "silence") moves.emplace_back(r.index, r.moved_to_node);
   CHECK(moves == std::vector<std::pair<int, int>>{{1, 3}, {2, 1}});
 }
+
+TEST_CASE("two shards of one tensor group failing at the same step: one recovery, fixture ids",
+          "[recovery][tensor]") {
+  if (!test::have_shared()) return;
+  // The restarts overlap: the coordinator announces them as one batch, so no
+  // session replays through a new incarnation it has not restored. (Before,
+  // about 1 run in 6 diverged at position 38, and some crashed on an unwired
+  // shard.) Several pairs and repetitions, as the overlap is a race.
+  const auto want = test::read_ids(test::shared_file("fixtures/topp_t0.5_p0.95_s7_n150.ids"));
+  const std::vector<std::pair<int, int>> pairs = {{0, 3}, {1, 2}, {0, 1}, {2, 3}, {0, 3}, {1, 3}, {0, 2}, {0, 3}};
+  for (auto [a, b] : pairs) {
+    fault_case c{"", 4, 2, "tensor", "topp_t0.5_p0.95_s7_n150",
+                 {"crash:node=" + std::to_string(a) + ":step=35", "crash:node=" + std::to_string(b) + ":step=35"}};
+    auto o = test::stories_options(4, "tensor");
+    o.caf_threads = 4;
+    std::vector<actors::fault_record> records;
+    auto out = run_with_faults(c, o, &records);
+    INFO("crashes of " << a << " and " << b << ": " << out.error);
+    REQUIRE(out.ok);
+    CHECK(out.result.ids == want);
+    CHECK(records.size() == 2);
+    for (const auto& r : records) CHECK(r.recover_ms >= 0);
+  }
+}
