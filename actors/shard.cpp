@@ -70,6 +70,17 @@ struct shard_state {
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
   static inline const char* name = "cellshard.shard";
+  // A shard that ends with sessions open (crashed, killed, taken away from a
+  // silent node, or its front end gone) gives their KV caches back to the
+  // node's budget: otherwise each failure would leak them on a daemon that
+  // lives on, until it refuses every front end.
+  shard_state() = default;
+  shard_state(const shard_state&) = delete;
+  shard_state& operator=(const shard_state&) = delete;
+  ~shard_state() {
+    if (init.node)
+      for (auto& kv : sessions) init.node->release(kv.second.charged);
+  }
 };
 
 using shard_actor = caf::stateful_actor<shard_state>;

@@ -465,6 +465,21 @@ TEST_CASE("a killed front end resumed from its journal on the same daemons", "[n
   }
   INFO("killed after " << tokens_in(f, printed) << " printed tokens, " << journaled << " journaled");
   CHECK(journaled >= K);
+  // The daemons saw their front end go: every shard stopped, and every byte
+  // it charged -- weights and the session's KV caches -- is free again.
+  for (size_t i = 0; i < d.nodes.size(); ++i) {
+    test::daemon_report r;
+    // Each query is a round trip from a fresh actor system (tens of ms):
+    // a bounded number of them, no sleeping in between.
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      r = test::query_daemon(d[i].port(), 2);
+      if (r.ok && r.shards == 0 && r.used_bytes == 0) break;
+    }
+    INFO("daemon " << i << ": " << r.error << " shards " << r.shards << ", " << r.used_bytes << " bytes in use");
+    CHECK(r.ok);
+    CHECK(r.shards == 0);
+    CHECK(r.used_bytes == 0);
+  }
   CHECK(f.text.compare(0, printed.size(), printed) == 0);  // right so far
   // The same flags (and cluster), plus --resume.
   std::vector<std::string> again = paced;
