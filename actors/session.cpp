@@ -115,8 +115,15 @@ void emit(session_actor* self, int next) {
   const bool resumed = static_cast<int>(r.ids.size()) <= st.quiet_until;
   if (!resumed) journal_token(st, static_cast<int>(r.ids.size()) - 1, next);
   const auto now = clock_type::now();
-  if (r.ids.size() > 2) r.step_ms.push_back(std::chrono::duration<double, std::milli>(now - st.last).count());
+  // ids = prompt (BOS first), then sampled tokens. TTFT ends at the first
+  // sampled one; TPOT samples are the sampled tokens after it.
+  const size_t n_prompt = st.prompt.size();
+  const bool sampled = r.ids.size() > n_prompt;
+  if (sampled && r.ids.size() > n_prompt + 1)
+    r.step_ms.push_back(std::chrono::duration<double, std::milli>(now - st.last).count());
   st.last = now;
+  if (sampled && r.ids.size() == n_prompt + 1)
+    r.ttft_ms = std::chrono::duration<double, std::milli>(now - st.t0).count();
   if (next == model::bos_id) return;
   const std::string piece = st.spec.tok->decode(st.token, next);
   r.text += piece;
@@ -125,7 +132,6 @@ void emit(session_actor* self, int next) {
   if (!st.have_first) {
     st.have_first = true;
     st.first = now;
-    r.ttft_ms = std::chrono::duration<double, std::milli>(now - st.t0).count();
   }
 }
 

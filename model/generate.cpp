@@ -27,6 +27,7 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
   const auto t0 = clock::now();
   auto last = t0;
   clock::time_point first{};
+  bool have_sampled = false;
   int token = prompt[0];
   out.ids.push_back(token);
   int pos = 0;
@@ -34,7 +35,8 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
     auto l = forward(token, pos);
     if (!l) return l.err();
     int next;
-    if (pos < static_cast<int>(prompt.size()) - 1) {
+    const bool sampled = pos >= static_cast<int>(prompt.size()) - 1;
+    if (!sampled) {
       next = prompt[pos + 1];
     } else {
       std::copy(*l, *l + vocab_size, logits.begin());
@@ -43,17 +45,20 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
     ++pos;
     out.ids.push_back(next);
     const auto now = clock::now();
-    if (pos > 1) out.step_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
+    // TPOT: the time of each output token after the first (decode steps;
+    // prompt positions are prefill, part of TTFT).
+    if (sampled && have_sampled) out.step_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
     last = now;
+    if (sampled && !have_sampled) {  // TTFT: start -> the first sampled token
+      have_sampled = true;
+      out.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
+    }
     if (next == bos_id) break;
     const std::string piece = tok.decode(token, next);
     out.text += piece;
     if (on_piece) on_piece(next, piece);
     token = next;
-    if (first == clock::time_point{}) {
-      first = now;
-      out.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
-    }
+    if (first == clock::time_point{}) first = now;
   }
   const auto end = clock::now();
   out.duration_ms = std::chrono::duration<double, std::milli>(end - t0).count();

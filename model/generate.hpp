@@ -30,8 +30,9 @@ struct generation_result {
   std::vector<int> ids;        // BOS, prompt tokens, sampled tokens (a sampled BOS last)
   int prompt_tokens = 0;       // including BOS
   std::string text;            // everything the callback received, concatenated
-  double ttft_ms = 0;          // from start to the first generated token
-  std::vector<double> step_ms; // wall time of every position after the first
+  double ttft_ms = 0;          // time to first token: from start to the first sampled token
+                               // (after the prompt's prefill), as TTFT is defined for LLM serving
+  std::vector<double> step_ms; // TPOT samples: wall time of every sampled token after the first
   double duration_ms = 0;
   double tokens_per_s = 0;     // run.c's figure: (pos - 1) / time since first token
 };

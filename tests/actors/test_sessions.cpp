@@ -115,3 +115,26 @@ TEST_CASE("limits of a split are clear errors", "[actors][limits]") {
   REQUIRE_FALSE(h.ok());
   CHECK_THAT(h.message(), Catch::Contains("6 nodes"));
 }
+
+TEST_CASE("with a prompt, TTFT ends at the first sampled token and TPOT counts only sampled tokens",
+          "[actors][metrics]") {
+  if (!test::have_shared()) return;
+  const test::fixture_case* fc = nullptr;
+  for (const auto& c : test::fixture_cases())
+    if (c.name == "greedy_prompt_once_n120") fc = &c;
+  REQUIRE(fc);
+  auto c = actors::cluster::start(test::stories_options(2, "pipeline"));
+  REQUIRE(c.ok());
+  auto r = (*c)->generate(test::params_of(*fc));
+  REQUIRE(r.ok());
+  REQUIRE(r->ok);
+  const auto& g = r->result;
+  CHECK(g.ids == test::read_ids(test::shared_file("fixtures/greedy_prompt_once_n120.ids")));
+  REQUIRE(g.prompt_tokens > 2);
+  const size_t sampled = g.ids.size() - static_cast<size_t>(g.prompt_tokens);
+  // One TPOT sample per sampled token after the first; none for the prompt.
+  CHECK(g.step_ms.size() == sampled - 1);
+  // TTFT is the prefill (one batch for the prompt) up to the first sampled token.
+  CHECK(g.ttft_ms > 0);
+  CHECK(g.ttft_ms < g.duration_ms);
+}
