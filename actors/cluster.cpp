@@ -149,6 +149,14 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto plan = topologies::place(mc, im->host->nodes(), *strat, po);
   if (!plan) return plan.err();
   im->plan = std::move(*plan);
+  // A fault for a placement index the placement does not have would never
+  // fire: say so instead of reporting a clean run.
+  for (const auto& f : opts.faults)
+    if (f.node >= im->plan.shards.size())
+      return make_error("fault '" + supervision::to_string(f) + "': placement index " + std::to_string(f.node) +
+                        " holds no shard (this placement has indices 0.." +
+                        std::to_string(im->plan.shards.size() - 1) + "; spares hold none until a shard moves "
+                        "there, and a fault follows its placement index, not the node; see --print-placement)");
 
   kernels::set_blas_threads(opts.blas_threads);
   register_messages(im->cfg);
@@ -210,6 +218,10 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.step_timeout_min = im.opts.step_timeout_min;
   spec.corrupt_checkpoints_of = im.opts.corrupt_checkpoints_of;
   spec.journal = extra.journal;
+  spec.model_name = im.file->path().substr(im.file->path().rfind('/') + 1);
+  spec.model_digest = im.file->digest();
+  spec.tokenizer_name = im.tok->name().substr(im.tok->name().rfind('/') + 1);
+  spec.tokenizer_digest = im.tok->digest();
   spec.resume_ids = extra.resume_ids;
   spec.resume_rng = extra.resume_rng;
   if (on_token) spec.on_token = [id, on_token](int t, const std::string& p) { on_token(id, t, p); };
@@ -341,6 +353,8 @@ std::vector<int> cluster::current_nodes() const {
   return impl_->rt->node_of;
 }
 const model::config& cluster::config() const { return impl_->file->cfg(); }
+uint64_t cluster::model_digest() const { return impl_->file->digest(); }
+
 const model::tokenizer& cluster::tokenizer() const { return *impl_->tok; }
 
 void cluster::shutdown() {

@@ -123,6 +123,8 @@ public:
   std::vector<int> current_nodes() const;
   const model::config& config() const;
   const model::tokenizer& tokenizer() const;
+  /// XXH64 of the model file (model::model_file::digest()).
+  uint64_t model_digest() const;
   /// Stops every actor; further submits fail. Idempotent; the destructor calls it.
   void shutdown();
 

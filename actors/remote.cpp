@@ -114,6 +114,13 @@ result<std::vector<remote_node>> parse_cluster_json(const std::string& text, con
     out.push_back(std::move(r));
   }
   if (out.empty()) return make_error(name + ": \"nodes\" is empty");
+  // One daemon is one node: listed twice it would be two nodes sharing one
+  // memory budget and failing together.
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (out[i].host == out[j].host && out[i].port == out[j].port)
+        return make_error(name + ": nodes[" + std::to_string(i) + "] and nodes[" + std::to_string(j) +
+                          "] are the same daemon (" + out[i].address() + "); list each node once");
   return out;
 }
 

@@ -67,7 +67,7 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
   st.out.compute_ms = st.compute_ns / 1e6;
   auto& r = st.out.result;
   r.duration_ms = ms_since(st.t0);
-  if (st.have_first && st.pos > 1) {
+  if (st.have_first && st.pos > 1 && r.ids.size() > st.prompt.size()) {  // something was generated
     const double s = std::chrono::duration<double>(clock_type::now() - st.first).count();
     r.tokens_per_s = s > 0 ? (st.pos - 1) / s : 0;
   }
@@ -99,6 +99,13 @@ void send_step(session_actor* self) {
   st.step_sent = clock_type::now();
   const uint64_t seq = ++st.step_seq;
   self->delayed_send(self, deadline_of(st, st.inflight.size() > 1), timeout_atom::value, seq);
+}
+
+/// A file name inside a JSON string: quotes, backslashes and control bytes become '_'.
+std::string json_safe(std::string s) {
+  for (auto& c : s)
+    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = '_';
+  return s;
 }
 
 void journal_token(session_state& st, int pos, int token) {
@@ -277,9 +284,12 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
     if (st.journal && st.spec.resume_ids.empty()) {
       std::fprintf(st.journal,
                    "{\"journal\": 1, \"steps\": %d, \"temperature\": %.9g, \"topp\": %.9g, \"seed\": %llu, "
-                   "\"prompt_tokens\": [",
+                   "\"model\": \"%s\", \"model_digest\": \"%016llx\", \"tokenizer\": \"%s\", "
+                   "\"tokenizer_digest\": \"%016llx\", \"prompt_tokens\": [",
                    st.spec.params.steps, st.spec.params.sampling.temperature, st.spec.params.sampling.topp,
-                   static_cast<unsigned long long>(st.spec.params.sampling.seed));
+                   static_cast<unsigned long long>(st.spec.params.sampling.seed), json_safe(st.spec.model_name).c_str(),
+                   static_cast<unsigned long long>(st.spec.model_digest), json_safe(st.spec.tokenizer_name).c_str(),
+                   static_cast<unsigned long long>(st.spec.tokenizer_digest));
       for (size_t i = 0; i < st.prompt.size(); ++i) std::fprintf(st.journal, "%s%d", i ? ", " : "", st.prompt[i]);
       std::fprintf(st.journal, "]}\n");
       std::fflush(st.journal);

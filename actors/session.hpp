@@ -64,6 +64,10 @@ struct session_spec {
   /// it comes (one JSON line, flushed) with the sampler's RNG state after it,
   /// after a first line holding the sampling parameters and the prompt.
   std::string journal;
+  // Written into the journal's header, so that a resume on another model or
+  // tokenizer is refused (tools/run.cpp): file names and XXH64 digests.
+  std::string model_name, tokenizer_name;
+  uint64_t model_digest = 0, tokenizer_digest = 0;
   /// Resume: the ids a killed front end already produced (BOS first) and the
   /// RNG state after the last of them. They are prefilled like a prompt (not
   /// reported again) and generation continues from there.

@@ -208,6 +208,14 @@ int do_run(const run_opts& o) {
       co.host = *h;
     }
     co.checkpoint_every = o.checkpoint_every;
+    if (!o.link.empty()) {
+      auto l = topologies::parse_link(o.link);
+      if (!l) throw cli_error("--link: " + l.message(), 2);
+      if (!o.cluster.empty())
+        throw cli_error("--link shapes in-process nodes; node daemons shape their own links "
+                        "(cellshard node --link BANDWIDTH:LATENCY), which run then measures",
+                        2);
+    }
     co.link = o.link;
     co.sessions = std::max(1, o.batch);
     for (const auto& spec : o.fault_specs) {
@@ -275,6 +283,21 @@ int do_run(const run_opts& o) {
           gp.sampling.seed = j.at("seed");
           extra.resume_rng = gp.sampling.seed;
           extra.resume_ids = {j.at("prompt_tokens").at(0).get<int>()};
+          // Journals since the digests were added name what they ran on.
+          auto hex16 = [](uint64_t v) {
+            char b[20];
+            std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+            return std::string(b);
+          };
+          if (j.contains("model_digest") && j.at("model_digest").get<std::string>() != hex16((*c)->model_digest()))
+            throw cli_error(o.resume + ": journaled on model " + j.value("model", std::string("?")) + " (digest " +
+                            j.at("model_digest").get<std::string>() + "), not on " + o.model + " (digest " +
+                            hex16((*c)->model_digest()) + "): give the model the run started with");
+          if (j.contains("tokenizer_digest") &&
+              j.at("tokenizer_digest").get<std::string>() != hex16((*c)->tokenizer().digest()))
+            throw cli_error(o.resume + ": journaled with tokenizer " + j.value("tokenizer", std::string("?")) +
+                            " (digest " + j.at("tokenizer_digest").get<std::string>() + "), not with " +
+                            (*c)->tokenizer().name() + ": give the tokenizer the run started with");
         } else if (header && j.contains("token")) {
           extra.resume_ids.push_back(j.at("token"));
           extra.resume_rng = j.at("rng");
@@ -481,7 +504,8 @@ void add_run(CLI::App& app, int& status) {
       cmd->add_option("--fault", o->fault_specs,
                       "KIND:node=N:step=S[:ms=D][:n=K] (repeatable; N = placement index)")->group(g),
       cmd->add_option("--faults", o->faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
-      cmd->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints")
+      cmd->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints (0: none)")
+          ->check(CLI::Range(0, 1 << 20))
           ->group(g),
       cmd->add_option("--link", o->link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
           ->group(g),

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 
 using namespace cellshard;
 
@@ -80,4 +81,48 @@ TEST_CASE("a killed front end resumed from its journal reproduces the fixture", 
   // The resumed run printed exactly the rest of the text.
   REQUIRE(r.out.size() < text.size());
   CHECK(text.substr(text.size() - r.out.size()) == r.out);
+}
+
+TEST_CASE("a journal names its model: resuming on another model or tokenizer is refused", "[journal]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("journal-identity");
+  const std::string journal = dir + "/run.jsonl";
+  const std::string m = test::shared_file("models/stories260K.bin");
+  const std::string z = test::shared_file("models/tok512.bin");
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "20", "-t", "0", "--nodes", "2",
+                              "-q", "--journal", journal});
+  REQUIRE(r.status == 0);
+  const std::string header = test::read_file(journal).substr(0, test::read_file(journal).find('\n'));
+  CHECK_THAT(header, Catch::Contains("\"model\": \"stories260K.bin\"") &&
+                         Catch::Contains("\"model_digest\": \"a63dd90f31c958a4\"") &&
+                         Catch::Contains("\"tokenizer\": \"tok512.bin\""));
+  // Same shape, other weights: the ids would be garbage, so it is refused.
+  const std::string other = dir + "/other.bin";
+  REQUIRE(test::run_command({test::cellshard_bin(), "synth", "--config", "stories260k", "-s", "5", "-o", other})
+              .status == 0);
+  auto bad = test::run_command({test::cellshard_bin(), "run", "-m", other, "-z", z, "--nodes", "2", "-q", "--resume",
+                                journal});
+  CHECK(bad.status == 1);
+  CHECK_THAT(bad.err, Catch::Contains("journaled on model stories260K.bin (digest a63dd90f31c958a4)") &&
+                          Catch::Contains(other));
+}
+
+TEST_CASE("a fault for a placement index without a shard, and a daemon listed twice, are errors", "[faults][cli]") {
+  if (!test::have_shared()) return;
+  const std::string m = test::shared_file("models/stories260K.bin");
+  const std::string z = test::shared_file("models/tok512.bin");
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "10", "--nodes", "2", "--spares",
+                              "1", "-q", "--fault", "crash:node=2:step=1"});
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("placement index 2 holds no shard") && Catch::Contains("indices 0..1"));
+  const std::string dir = test::temp_dir("cluster-twice");
+  const std::string file = dir + "/cluster.json";
+  {
+    std::ofstream f(file);
+    f << R"({"nodes": [{"host": "127.0.0.1", "port": 4242}, {"host": "127.0.0.1", "port": 4243},
+                       {"host": "127.0.0.1", "port": 4242, "spare": true}]})";
+  }
+  auto c = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "10", "-q", "--cluster", file});
+  CHECK(c.status == 1);
+  CHECK_THAT(c.err, Catch::Contains("nodes[2] and nodes[0] are the same daemon (127.0.0.1:4242)"));
 }
