@@ -22,6 +22,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct shard_request {
   std::shared_ptr<supervision::fault_injector> faults;
   caf::actor heartbeat;
   caf::actor coordinator;
+  /// Asked while a remote spawn waits (every 100 ms): true ends the wait
+  /// with an error, e.g. once the target node is suspected silent (a spare
+  /// frozen just before it was needed). May be empty. Any thread.
+  std::function<bool()> abandon;
 };
 
 class shard_host {

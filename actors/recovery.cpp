@@ -480,6 +480,10 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           req.faults = rt->opts.faults;
           req.heartbeat = node < static_cast<int>(rt->heartbeats.size()) ? rt->heartbeats[node] : caf::actor{};
           req.coordinator = rt->coordinator;
+          req.abandon = [rt, node] {
+            std::lock_guard<std::mutex> l(rt->mu);
+            return rt->unhealthy.count(node) > 0;
+          };
           auto host = rt->host;
           // A remote spawn waits for the daemon: not under the lock.
           lock.unlock();

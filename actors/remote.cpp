@@ -372,19 +372,31 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   result<caf::actor> out = make_error(describe(node) + ": no reply");
   bool gone = false;
   self->send(target, std::move(s));
-  self->receive(
-      [&](shard_spawned& r) {
-        if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
-        else out = r.shard;
-      },
-      [&](caf::down_msg& dm) {
-        gone = true;
-        out = make_error(describe(node) + ": its daemon went down while spawning (" + sys.render(dm.reason) + ")");
-      },
-      caf::after(opts_.request_timeout) >> [&] {
-        out = make_error(describe(node) + ": no answer to the spawn request within " +
-                         std::to_string(opts_.request_timeout.count()) + " ms");
-      });
+  using clk = std::chrono::steady_clock;
+  const auto until = clk::now() + opts_.request_timeout;
+  for (bool waiting = true; waiting;) {
+    self->receive(
+        [&](shard_spawned& r) {
+          waiting = false;
+          if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
+          else out = r.shard;
+        },
+        [&](caf::down_msg& dm) {
+          waiting = false;
+          gone = true;
+          out = make_error(describe(node) + ": its daemon went down while spawning (" + sys.render(dm.reason) + ")");
+        },
+        caf::after(std::chrono::milliseconds(100)) >> [&] {
+          if (req.abandon && req.abandon()) {
+            waiting = false;
+            out = make_error(describe(node) + ": given up while spawning (the node is suspected silent)");
+          } else if (clk::now() >= until) {
+            waiting = false;
+            out = make_error(describe(node) + ": no answer to the spawn request within " +
+                             std::to_string(opts_.request_timeout.count()) + " ms");
+          }
+        });
+  }
   self->demonitor(target);
   if (gone && down_ && node < static_cast<int>(down_->size())) (*down_)[node] = true;
   return out;

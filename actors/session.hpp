@@ -59,7 +59,8 @@ struct session_spec {
   /// Floor of a decode step's deadline; the deadline adapts to observed step
   /// times (10 x the moving average, within [floor, step_timeout]).
   std::chrono::milliseconds step_timeout_min{2000};
-  int max_retries = 2;              // re-sends of a step whose deadline passed
+  int max_retries = 4;              // consecutive re-sends of a step whose deadline passed (or whose
+                                    // payload arrived corrupt): enough for a drop of a few messages
   /// Journal (issue #7): when set, every token is appended to this file as
   /// it comes (one JSON line, flushed) with the sampler's RNG state after it,
   /// after a first line holding the sampling parameters and the prompt.

@@ -328,17 +328,6 @@ int do_run(const run_opts& o) {
       batch_tokens += static_cast<int>(so.result.ids.size()) - 1;
     }
     const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-    if (!out->ok) {
-      // The tokens so far are printed already; finish the line, then the error.
-      if (!o.quiet) std::fputs("\n", stdout);
-      if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(out->result.ids));
-      throw cli_error(out->error);
-    }
-    res = out->result;
-    if (o.batch > 1 && wall_s > 0) res->tokens_per_s = batch_tokens / wall_s;  // aggregate
-    comm_share = out->result.duration_ms > 0
-                     ? std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms)
-                     : 0.0;
     for (const auto& f : (*c)->faults())
       faults_json.push_back({{"kind", f.kind},
                              {"node", f.index},
@@ -353,10 +342,32 @@ int do_run(const run_opts& o) {
                              {"fired_ns", f.fired_ns},
                              {"decided_ns", f.decided_ns},
                              {"recovered_ns", f.recovered_ns}});
+    if (!out->ok) {
+      // The tokens so far are printed already; finish the line, then the error.
+      if (!o.quiet) std::fputs("\n", stdout);
+      if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(out->result.ids));
+      if (!o.json_out.empty()) {
+        // What a script needs to see why: the error, the partial output and the faults.
+        nlohmann::json j;
+        j["ok"] = false;
+        j["error"] = out->error;
+        j["tokens"] = static_cast<int>(out->result.ids.size()) - 1;
+        j["ids"] = out->result.ids;
+        j["duration_ms"] = out->result.duration_ms;
+        j["faults"] = faults_json;
+        write_text(o.json_out, j.dump(2) + "\n");
+      }
+      throw cli_error(out->error);
+    }
+    res = out->result;
+    if (o.batch > 1 && wall_s > 0) res->tokens_per_s = batch_tokens / wall_s;  // aggregate
+    comm_share = out->result.duration_ms > 0
+                     ? std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms)
+                     : 0.0;
     if (!out->recoveries.empty())
       std::fprintf(stderr, "recovered %zu time(s):", out->recoveries.size());
     for (const auto& r : out->recoveries)
-      std::fprintf(stderr, " [position %d: restored to %d, replayed %d %s, %.1f ms]", r.position,
+      std::fprintf(stderr, " [position %d: restored to %d, replayed %d %s, next token %.1f ms after the restart notice]", r.position,
                    r.restored_to, r.replayed_positions, r.from_upstream_log ? "from the upstream log" : "from tokens",
                    r.recover_ms);
     if (!out->recoveries.empty()) std::fprintf(stderr, "\n");
@@ -435,6 +446,7 @@ int do_run(const run_opts& o) {
   }
   if (!o.json_out.empty()) {
     nlohmann::json j;
+    j["ok"] = true;
     j["model"] = lm.description;
     j["kernels"] = be->name;
     j["weights"] = model::to_string(*fmt);
