@@ -142,6 +142,8 @@ void emit(session_actor* self, int next) {
   }
 }
 
+void recover(session_actor* self);
+
 /// Re-sends the step in flight in a new epoch (a payload was corrupted or a
 /// message lost); past `max_retries` consecutive re-sends the session ends.
 void retry_step(session_actor* self, const std::string& why) {
@@ -153,6 +155,13 @@ void retry_step(session_actor* self, const std::string& why) {
   }
   --st.retries_left;
   ++st.out.retries;
+  if (!st.restarted.empty()) {
+    // A recovery not confirmed by a token yet: what was lost may be its
+    // replay (e.g. a partitioned shard dropped it), and re-sending the step
+    // alone would run it over restored shards missing those positions.
+    recover(self);
+    return;
+  }
   ++st.epoch;
   send_step(self);
 }

@@ -284,8 +284,18 @@ int do_chaos(const chaos_opts& o) {
     std::string plan_text;
     nlohmann::json plan = nlohmann::json::array();
     std::vector<fired_external> externals;
+    int64_t last_step = -1, last_at = -1;  // of the previous plan / external fault of this run
     for (int k = 0; k < o.faults_per_run; ++k) {
       auto f = draw(rng, kinds, shards, positions);
+      // One time in four a further fault coincides with the previous one of
+      // its sort: overlapping failures (two shards of a group at once) are
+      // their own case for the supervision tree.
+      if (k > 0 && std::uniform_int_distribution<int>(0, 3)(rng) == 0) {
+        if (!f.external && last_step >= 0) f.plan.step = static_cast<uint64_t>(last_step);
+        if (f.external && last_at >= 0) f.ext.at = static_cast<int>(last_at);
+      }
+      if (f.external) last_at = f.ext.at;
+      else last_step = static_cast<int64_t>(f.plan.step);
       if (f.external)
         externals.push_back({f.ext, -1, 0, ""});
       else
