@@ -49,6 +49,7 @@ public:
     init.rank = req.placed->rank;
     init.group_size = req.placed->group_size;
     init.checkpoint_every = req.checkpoint_every;
+    init.restarted = req.restarted;
     init.faults = req.faults;
     init.heartbeat = req.heartbeat;
     init.coordinator = req.coordinator;

@@ -195,6 +195,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   init.rank = s.rank;
   init.group_size = s.group_size;
   init.checkpoint_every = s.checkpoint_every;
+  init.restarted = s.restarted;
   init.faults = std::move(faults);
   init.heartbeat = s.heartbeat;
   init.coordinator = s.coordinator;

@@ -404,13 +404,14 @@ struct shard_spawn {
   /// shard's injector from them. A one-shot plan that fired on an earlier
   /// incarnation is left out, so a restart does not fire it again.
   std::vector<std::string> faults;
+  bool restarted = false;        // shard_init::restarted
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
   return f(caf::meta::type_name("shard_spawn"), x.owner, x.index, x.stage, x.rank, x.group_size,
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
            x.ffn_end, x.embedding, x.classifier, x.weights, x.kernels, x.kv_bytes, x.buffer_bytes,
-           x.checkpoint_every, x.heartbeat, x.coordinator, x.faults);
+           x.checkpoint_every, x.heartbeat, x.coordinator, x.faults, x.restarted);
 }
 
 /// front end -> daemon: send heartbeats for node `peer` to `monitor` (the

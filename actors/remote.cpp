@@ -361,6 +361,7 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.kv_bytes = p.memory.kv_cache;
   s.buffer_bytes = p.memory.buffers;
   s.checkpoint_every = req.checkpoint_every;
+  s.restarted = req.restarted;
   s.heartbeat = req.heartbeat;
   s.coordinator = req.coordinator;
   // Not a request: a daemon that stops (or whose connection drops) while we

@@ -162,6 +162,11 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
     }
     return &it->second;
   }
+  // A restarted incarnation knows nothing of a session that began before it:
+  // until the session restores it (restore_req creates the state at
+  // position 0), a step past position 0 would run over an empty KV cache.
+  // It is dropped; the session's recovery of this shard follows.
+  if (st.init.restarted && id.pos0 > 0) return nullptr;
   const auto& w = *st.init.weights;
   const int kv_dim = w.spec().n_kv_heads() * w.cfg().head_size();
   const uint64_t need = w.cfg().seq_len * 2ull * w.spec().n_layers() * kv_dim * sizeof(float);

@@ -37,6 +37,7 @@ struct shard_init {
   int rank = 0;         // rank within its TP group
   int group_size = 1;
   int checkpoint_every = 16;  // positions between KV checkpoint deltas (0 = none)
+  bool restarted = false;     // a restart: sessions older than it must restore it first
   std::shared_ptr<supervision::fault_injector> faults;  // may be null
   caf::actor heartbeat;       // the node's heartbeat sender (silenced with the shard)
   caf::actor coordinator;     // gets fault_report messages (may be invalid)

@@ -3,6 +3,7 @@
 // replayed, and the output equals llama2.c's fixture exactly. Times here are
 // real (the phi detector needs wall-clock heartbeats), but nothing sleeps:
 // every wait is on a result with a deadline.
+#include <sstream>
 #include "supervision/fault_plan.hpp"
 #include "tests/actors/fixture_runner.hpp"
 
@@ -219,6 +220,15 @@ TEST_CASE("two shards of one tensor group failing at the same step: one recovery
     std::vector<actors::fault_record> records;
     auto out = run_with_faults(c, o, &records);
     INFO("crashes of " << a << " and " << b << ": " << out.error);
+    std::ostringstream what;
+    for (const auto& r : out.recoveries)
+      what << "recovery at " << r.position << " of " << r.indices.size() << " shard(s), restored to "
+           << r.restored_to << ", replayed " << r.replayed_positions << (r.from_upstream_log ? " (log)" : " (tokens)")
+           << "; ";
+    for (const auto& r : records)
+      what << "record " << r.kind << " index " << r.index << " recover_ms " << r.recover_ms << "; ";
+    what << out.retries << " re-sends";
+    INFO(what.str());
     REQUIRE(out.ok);
     CHECK(out.result.ids == want);
     CHECK(records.size() == 2);
