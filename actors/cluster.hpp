@@ -57,8 +57,9 @@ struct cluster_options {
 
   int caf_threads = 2;   // scheduler.max-threads (CAF defaults to 4 on 2 cores)
   int blas_threads = 1;  // OpenBLAS threads per call (shards already run in parallel)
-  std::chrono::milliseconds step_timeout{30000};      // deadline of a prefill step (and ceiling)
-  std::chrono::milliseconds step_timeout_min{2000};   // floor of a decode step's adaptive deadline
+  std::chrono::milliseconds step_timeout{30000};      // ceiling of a step's deadline (and of requests)
+  std::chrono::milliseconds step_timeout_min{2000};   // first deadline of a prefill; floor of a decode
+                                                      // step's (10x its moving average); doubled per re-send
 
   // Supervision (issue #6).
   int checkpoint_every = 16;                          // positions between KV checkpoint deltas

@@ -41,6 +41,7 @@ struct session_state {
   std::vector<int32_t> trimmed;         // per stage: replay log trimmed below
   std::set<int> restarted;              // indices awaiting restore
   uint64_t recovery_seq = 0;
+  std::string recovery_error;  // a restore that failed; final unless another restart comes
   bool recovering = false;
   recovery_record current;
   clock_type::time_point recovery_start;
@@ -82,10 +83,19 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
   self->quit();
 }
 
+/// The deadline of the step in flight. Decode: 10x the moving average of
+/// recent steps, at least step_timeout_min. A prefill (or a first step, with
+/// no average yet) has no estimate: it starts at step_timeout_min. Each
+/// re-send of the same step doubles the deadline, up to step_timeout, so a
+/// lost message costs ~2 s, and a step that is merely long still gets its
+/// time (2, 4, 8, 16, then 30 s with the defaults).
 std::chrono::milliseconds deadline_of(const session_state& st, bool prefill) {
-  if (prefill || st.ewma_step_ms <= 0) return st.spec.step_timeout;
-  auto d = std::chrono::milliseconds(static_cast<int64_t>(10 * st.ewma_step_ms));
-  return std::clamp(d, st.spec.step_timeout_min, st.spec.step_timeout);
+  std::chrono::milliseconds d = st.spec.step_timeout_min;
+  if (!prefill && st.ewma_step_ms > 0)
+    d = std::max(d, std::chrono::milliseconds(static_cast<int64_t>(10 * st.ewma_step_ms)));
+  const int resent = std::max(0, st.spec.max_retries - st.retries_left);
+  for (int i = 0; i < resent && d < st.spec.step_timeout; ++i) d *= 2;
+  return std::min(d, st.spec.step_timeout);
 }
 
 /// Sends the step in flight (positions [pos, pos + inflight.size())) and arms its deadline.
@@ -234,6 +244,7 @@ void recover(session_actor* self) {
   const uint64_t seq = ++st.recovery_seq;
   st.recovering = true;
   st.recovery_start = clock_type::now();
+  st.recovery_error.clear();
   st.current = recovery_record{};
   st.current.indices.assign(st.restarted.begin(), st.restarted.end());
   st.current.position = st.pos;
@@ -266,9 +277,12 @@ void recover(session_actor* self) {
             [self, seq, i](caf::error& e) {
               auto& st = self->state;
               if (st.done || seq != st.recovery_seq) return;
-              finish(self, false,
-                     "recovery failed: placement index " + std::to_string(i) +
-                         " did not restore its KV cache: " + to_string(e));
+              // Often a second failure during this recovery (the shard died
+              // or fell silent): its restart notice starts a new recovery.
+              // If none comes within the deadline, this is the error.
+              st.recovery_error = "recovery failed: placement index " + std::to_string(i) +
+                                  " did not restore its KV cache: " + to_string(e);
+              self->delayed_send(self, 2 * st.spec.step_timeout_min, timeout_atom::value, ++st.step_seq);
             });
   }
 }
@@ -418,8 +432,11 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         // a new epoch; anything of the old one is dropped on arrival.
         const auto waited = deadline_of(st, st.inflight.size() > 1);
         if (st.recovering) {
-          finish(self, false, "recovery of position " + std::to_string(st.pos) + " did not finish within " +
-                                  std::to_string(waited.count()) + " ms");
+          finish(self, false,
+                 !st.recovery_error.empty()
+                     ? st.recovery_error
+                     : "recovery of position " + std::to_string(st.pos) + " did not finish within " +
+                           std::to_string(waited.count()) + " ms");
           return;
         }
         retry_step(self, "no logits for position " + std::to_string(st.pos) + " within " +

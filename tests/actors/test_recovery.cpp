@@ -251,3 +251,33 @@ TEST_CASE("a short partition of one rank while another rank's crash is recovered
     CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/topp_t0.5_p0.95_s7_n150.ids")));
   }
 }
+
+TEST_CASE("a message lost during the prefill is re-sent at the first deadline, not after the ceiling",
+          "[recovery][deadline]") {
+  if (!test::have_shared()) return;
+  // The prefill deadline starts at step_timeout_min (2 s) and doubles per
+  // re-send; it used to be the 30 s ceiling from the start.
+  fault_case c{"", 4, 0, "hybrid:2x2", "greedy_prompt_lily_tom_n100", {"drop:node=3:step=5:n=1"}};
+  auto out = run_with_faults(c, test::stories_options(4, "hybrid:2x2"));
+  INFO(out.error);
+  REQUIRE(out.ok);
+  CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/greedy_prompt_lily_tom_n100.ids")));
+  CHECK(out.retries == 1);
+  CHECK(out.result.ttft_ms < 15000);  // generous: one 2 s deadline and the prefill
+}
+
+TEST_CASE("a shard failing while another's recovery restores it: the next recovery takes over",
+          "[recovery][errors]") {
+  if (!test::have_shared()) return;
+  // Found by review: the restore request to a shard that died meanwhile
+  // ended the run ("did not restore its KV cache: request_receiver_down")
+  // instead of waiting for that shard's own restart.
+  for (int k = 0; k < 4; ++k) {
+    fault_case c{"", 4, 0, "hybrid:2x2", "greedy_prompt_lily_tom_n100",
+                 {"partition:node=3:step=5:ms=400", "silence:node=0:step=5:ms=400", "crash:node=2:step=12"}};
+    auto out = run_with_faults(c, test::stories_options(4, "hybrid:2x2"));
+    INFO("attempt " << k << ": " << out.error);
+    REQUIRE(out.ok);
+    CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/greedy_prompt_lily_tom_n100.ids")));
+  }
+}
