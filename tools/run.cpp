@@ -403,9 +403,10 @@ int do_run(const run_opts& o) {
                               {"bytes_per_token", static_cast<double>(s.link_bytes[i]) / tokens}});
       }
     }
-    for (const auto& sp : plan.spares)
-      by_node[sp.node] = {{"index", sp.node}, {"role", "spare"}, {"memory_bytes", mem[sp.node]},
-                          {"compute_ms", 0.0}, {"bytes_sent", 0}, {"bytes_received", 0}};
+    for (const auto& sp : plan.spares)  // a spare that took over a shard is listed by that role above
+      if (!by_node.count(sp.node))
+        by_node[sp.node] = {{"index", sp.node}, {"role", "spare"}, {"memory_bytes", mem[sp.node]},
+                            {"compute_ms", 0.0}, {"bytes_sent", 0}, {"bytes_received", 0}};
     for (auto& kv : by_node) nodes_json.push_back(kv.second);
   }
   if (!res) throw cli_error(res.message());
