@@ -25,12 +25,6 @@ namespace cellshard::actors {
 
 namespace {
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 /// A file of the --models folder, reloaded when its size or mtime changes.
 template <class T>
 struct cached_file {
@@ -51,9 +45,12 @@ struct daemon_state {
   std::map<std::string, cached_file<model::model_file>> models;
   std::map<std::string, cached_file<model::tokenizer>> toks;
   std::map<caf::actor_addr, client_record> clients;  // by owner
-  std::map<caf::actor_addr, caf::actor_addr> owner_of;  // shard -> owner
-  std::map<caf::actor_addr, caf::actor> shard_handles;
-  std::map<caf::actor_addr, int32_t> index_of;  // shard -> placement index (for the log)
+  struct shard_record {
+    caf::actor handle;
+    caf::actor_addr owner;  // the front end it was spawned for
+    int32_t index = 0;      // its placement index (for the log)
+  };
+  std::map<caf::actor_addr, shard_record> shards;  // by the shard's address
   static inline const char* name = "cellshard.daemon";
 };
 
@@ -104,13 +101,11 @@ void stop_client(daemon_actor* self, const caf::actor_addr& owner, const std::st
   if (it == st.clients.end()) return;
   size_t n = 0;
   for (auto& s : it->second.shards) {
-    auto h = st.shard_handles.find(s);
-    if (h != st.shard_handles.end()) {
-      self->send_exit(h->second, caf::exit_reason::user_shutdown);
-      st.shard_handles.erase(h);
-      ++n;
-    }
-    st.owner_of.erase(s);
+    auto h = st.shards.find(s);
+    if (h == st.shards.end()) continue;
+    self->send_exit(h->second.handle, caf::exit_reason::user_shutdown);
+    st.shards.erase(h);
+    ++n;
   }
   for (auto& h : it->second.heartbeats) self->send_exit(h, caf::exit_reason::user_shutdown);
   st.clients.erase(it);
@@ -132,7 +127,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   }
   if ((*file)->digest() != cl->second.fp.model_digest) {
     out.error = "the model file " + cl->second.fp.model_name + " in " + st.opts.models_dir +
-                " changed since the join (digest " + hex((*file)->digest()) + ")";
+                " changed since the join (digest " + model::format_digest((*file)->digest()) + ")";
     return out;
   }
   auto fmt = model::parse_weight_format(s.weights);
@@ -205,9 +200,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   caf::actor a = spawn_shard(self->system(), std::move(init));
   self->monitor(a);  // the down handler forgets it when it ends
   cl->second.shards.insert(a.address());
-  st.owner_of[a.address()] = s.owner.address();
-  st.shard_handles[a.address()] = a;
-  st.index_of[a.address()] = s.index;
+  st.shards[a.address()] = daemon_state::shard_record{a, s.owner.address(), s.index};
   out.shard = a;
   out.weight_bytes = (*w)->bytes();
   log(self, "placement index " + std::to_string(s.index) + " (stage " + std::to_string(s.stage) +
@@ -313,26 +306,22 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
       stop_client(self, dm.source, self->system().render(dm.reason));
       return;
     }
-    auto o = st.owner_of.find(dm.source);
-    auto ix = st.index_of.find(dm.source);
-    if (ix != st.index_of.end()) {
-      // E.g. the front end took the shard away (its node was suspected
-      // silent) or an injected crash; a departing front end logs its own line.
-      if (o != st.owner_of.end() && st.clients.count(o->second))
-        log(self, "placement index " + std::to_string(ix->second) + " stopped: " + self->system().render(dm.reason));
-      st.index_of.erase(ix);
+    auto sh = st.shards.find(dm.source);
+    if (sh == st.shards.end()) return;  // stopped with its front end (stop_client logged it)
+    // E.g. the front end took the shard away (its node was suspected silent)
+    // or an injected crash.
+    auto cl = st.clients.find(sh->second.owner);
+    if (cl != st.clients.end()) {
+      cl->second.shards.erase(dm.source);
+      log(self, "placement index " + std::to_string(sh->second.index) + " stopped: " +
+                    self->system().render(dm.reason));
     }
-    if (o != st.owner_of.end()) {
-      auto cl = st.clients.find(o->second);
-      if (cl != st.clients.end()) cl->second.shards.erase(dm.source);
-      st.owner_of.erase(o);
-    }
-    st.shard_handles.erase(dm.source);
+    st.shards.erase(sh);
   });
   // Stopping the daemon (an exit message) stops every shard it spawned.
   self->set_exit_handler([=](caf::exit_msg& em) {
-    for (auto& kv : self->state.shard_handles) self->send_exit(kv.second, em.reason);
-    self->state.shard_handles.clear();
+    for (auto& kv : self->state.shards) self->send_exit(kv.second.handle, em.reason);
+    self->state.shards.clear();
     for (auto& c : self->state.clients)
       for (auto& h : c.second.heartbeats) self->send_exit(h, em.reason);
     self->quit(em.reason);
@@ -381,8 +370,8 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
           self->monitor(j.owner);
           st.clients[j.owner.address()].fp = r.fp;
           log(self, "joined as node " + std::to_string(j.node) + " (" + j.fp.model_name + " " +
-                        hex(r.fp.model_digest) + ", " + j.fp.tokenizer_name + " " +
-                        hex(r.fp.tokenizer_digest) + ")");
+                        model::format_digest(r.fp.model_digest) + ", " + j.fp.tokenizer_name + " " +
+                        model::format_digest(r.fp.tokenizer_digest) + ")");
         }
         return r;
       },
@@ -424,7 +413,7 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.profile = st.node->profile;
         r.budget_bytes = st.node->budget_bytes;
         r.used_bytes = st.node->used_bytes.load();
-        r.shards = static_cast<int32_t>(st.shard_handles.size());
+        r.shards = static_cast<int32_t>(st.shards.size());
         r.clients = static_cast<int32_t>(st.clients.size());
         r.pid = static_cast<int32_t>(::getpid());
         return r;

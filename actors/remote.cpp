@@ -18,12 +18,6 @@ namespace cellshard::actors {
 
 namespace {
 
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 std::string base_name(const std::string& path) {
   const auto slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -276,12 +270,12 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
                            std::to_string(fp.protocol) + ")");
         if (r.fp.model_digest != fp.model_digest)
           append(diff, "model differs: its " + r.fp.model_name + " in " + r.models_dir + " has digest " +
-                           hex(r.fp.model_digest) + ", the front end's " + fp.model_name + " has " +
-                           hex(fp.model_digest));
+                           model::format_digest(r.fp.model_digest) + ", the front end's " + fp.model_name + " has " +
+                           model::format_digest(fp.model_digest));
         if (r.fp.tokenizer_digest != fp.tokenizer_digest)
           append(diff, "tokenizer differs: its " + r.fp.tokenizer_name + " in " + r.models_dir +
-                           " has digest " + hex(r.fp.tokenizer_digest) + ", the front end's " +
-                           fp.tokenizer_name + " has " + hex(fp.tokenizer_digest));
+                           " has digest " + model::format_digest(r.fp.tokenizer_digest) + ", the front end's " +
+                           fp.tokenizer_name + " has " + model::format_digest(fp.tokenizer_digest));
         if (!diff.empty()) append(errors, who + " refused: cluster fingerprint mismatch: " + diff);
         // The link the daemon shapes is the target its measurement is held to.
         specs_[i].prof.link = topologies::link_spec{r.link_bandwidth_bps, r.link_latency_us};

@@ -1,9 +1,12 @@
 #include "actors/session.hpp"
 
 #include "actors/messages.hpp"
+#include "model/checkpoint.hpp"
 #include "supervision/checkpoint.hpp"
 
 #include <caf/all.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -109,13 +112,6 @@ void send_step(session_actor* self) {
   st.step_sent = clock_type::now();
   const uint64_t seq = ++st.step_seq;
   self->delayed_send(self, deadline_of(st, st.inflight.size() > 1), timeout_atom::value, seq);
-}
-
-/// A file name inside a JSON string: quotes, backslashes and control bytes become '_'.
-std::string json_safe(std::string s) {
-  for (auto& c : s)
-    if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = '_';
-  return s;
 }
 
 void journal_token(session_state& st, int pos, int token) {
@@ -305,16 +301,17 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
   if (!st.spec.journal.empty()) {
     st.journal = std::fopen(st.spec.journal.c_str(), st.spec.resume_ids.empty() ? "w" : "a");
     if (st.journal && st.spec.resume_ids.empty()) {
-      std::fprintf(st.journal,
-                   "{\"journal\": 1, \"steps\": %d, \"temperature\": %.9g, \"topp\": %.9g, \"seed\": %llu, "
-                   "\"model\": \"%s\", \"model_digest\": \"%016llx\", \"tokenizer\": \"%s\", "
-                   "\"tokenizer_digest\": \"%016llx\", \"prompt_tokens\": [",
-                   st.spec.params.steps, st.spec.params.sampling.temperature, st.spec.params.sampling.topp,
-                   static_cast<unsigned long long>(st.spec.params.sampling.seed), json_safe(st.spec.model_name).c_str(),
-                   static_cast<unsigned long long>(st.spec.model_digest), json_safe(st.spec.tokenizer_name).c_str(),
-                   static_cast<unsigned long long>(st.spec.tokenizer_digest));
-      for (size_t i = 0; i < st.prompt.size(); ++i) std::fprintf(st.journal, "%s%d", i ? ", " : "", st.prompt[i]);
-      std::fprintf(st.journal, "]}\n");
+      const nlohmann::json header = {{"journal", 1},
+                                     {"steps", st.spec.params.steps},
+                                     {"temperature", st.spec.params.sampling.temperature},
+                                     {"topp", st.spec.params.sampling.topp},
+                                     {"seed", st.spec.params.sampling.seed},
+                                     {"model", st.spec.model_name},
+                                     {"model_digest", model::format_digest(st.spec.model_digest)},
+                                     {"tokenizer", st.spec.tokenizer_name},
+                                     {"tokenizer_digest", model::format_digest(st.spec.tokenizer_digest)},
+                                     {"prompt_tokens", st.prompt}};
+      std::fprintf(st.journal, "%s\n", header.dump().c_str());
       std::fflush(st.journal);
     }
   }

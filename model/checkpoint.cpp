@@ -196,6 +196,12 @@ model_file::~model_file() {
   if (mapped_ && base_) ::munmap(base_, size_);
 }
 
+std::string format_digest(uint64_t v) {
+  char b[19];
+  std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
 uint64_t model_file::digest() const {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);

@@ -24,6 +24,10 @@
 
 namespace cellshard::model {
 
+/// A 64-bit digest as the project prints it everywhere: "0x" and 16 hex
+/// digits (model and tokenizer digests, CSQ8 trailers, fingerprints, journals).
+std::string format_digest(uint64_t v);
+
 struct load_options {
   /// Treat the file as having the opposite byte order of the host (llama2.c
   /// files are little-endian; on a big-endian host such as the PS3's PPE they

@@ -35,12 +35,6 @@ void put_u64(uint8_t* p, uint64_t v, bool swap) {
   std::memcpy(p, &v, 8);
 }
 
-std::string hex(uint64_t v) {
-  char b[19];
-  std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
 // Reverses the byte order of every multi-byte field of an image in place:
 // header words (bytes 4..44), f32 norms, block scales. The trailer is left
 // to the caller. An involution.
@@ -275,8 +269,8 @@ result<void> q8_reader::init(model_file& m, const std::string& name, load_option
   const uint64_t stored = get_u64(base + n, swap);
   const uint64_t actual = XXH64(base, n, 0);
   if (stored != actual)
-    return make_error(name + ": corrupt CSQ8 file: field digest (last 8 bytes) is " + hex(stored) +
-                      ", expected " + hex(actual) + " (XXH64 of the " + std::to_string(n) +
+    return make_error(name + ": corrupt CSQ8 file: field digest (last 8 bytes) is " + format_digest(stored) +
+                      ", expected " + format_digest(actual) + " (XXH64 of the " + std::to_string(n) +
                       " bytes before it): the file is damaged");
   if (swap) {
     m.digest_ = XXH64(base, size, 0);  // the digest is of the file's own bytes

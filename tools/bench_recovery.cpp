@@ -29,6 +29,26 @@
 
 namespace cellshard::tools {
 
+namespace {
+
+/// One row; with `ratio`, measured against the fault-free TPOT `tpot`.
+bench_row row_against_tpot(const std::string& name, const std::map<std::string, std::string>& params, double v,
+                           const std::string& unit, bool ratio, double tpot, const std::string& baseline_name) {
+  bench_row r;
+  r.name = name;
+  r.params = params;
+  r.value = v;
+  r.unit = unit;
+  if (ratio) {
+    r.baseline = tpot;
+    r.baseline_name = baseline_name;
+    r.ratio = tpot > 0 ? v / tpot : 0;
+  }
+  return r;
+}
+
+}  // namespace
+
 int run_recovery_bench(const recovery_bench_options& o, std::vector<bench_row>& rows) {
   loaded_model lm = load_model(o.model, o.tokenizer);
   const int seq_len = lm.file->cfg().seq_len;
@@ -84,17 +104,7 @@ int run_recovery_bench(const recovery_bench_options& o, std::vector<bench_row>& 
                                                        {"K", std::to_string(K)},
                                                        {"position", std::to_string(ctx)}};
           auto add = [&](const std::string& name, double v, const std::string& unit, bool ratio) {
-            bench_row r;
-            r.name = name;
-            r.params = params;
-            r.value = v;
-            r.unit = unit;
-            if (ratio) {
-              r.baseline = tpot;
-              r.baseline_name = "fault-free TPOT of the same placement";
-              r.ratio = tpot > 0 ? v / tpot : 0;
-            }
-            rows.push_back(r);
+            rows.push_back(row_against_tpot(name, params, v, unit, ratio, tpot, "fault-free TPOT of the same placement"));
           };
           add("recovery.detect", fr.detect_ms, "ms", true);
           add("recovery.recover", fr.recover_ms, "ms", true);
@@ -399,17 +409,8 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
       params["index"] = std::to_string(index);
       params["ids"] = problem.empty() ? "identical" : "ERROR";
       auto add = [&](const std::string& name, double v, const std::string& unit, bool ratio) {
-        bench_row r;
-        r.name = name;
-        r.params = params;
-        r.value = v;
-        r.unit = unit;
-        if (ratio && tpot > 0) {
-          r.baseline = tpot;
-          r.baseline_name = "fault-free TPOT over the same daemons";
-          r.ratio = v / tpot;
-        }
-        rows.push_back(r);
+        rows.push_back(row_against_tpot(name, params, v, unit, ratio && tpot > 0, tpot,
+                                        "fault-free TPOT over the same daemons"));
       };
       add("recovery.proc.detect", t.detect_ms, "ms", true);
       add("recovery.proc.recover", t.recover_ms, "ms", true);

@@ -37,11 +37,9 @@ void add_quantize(CLI::App& app, int& status) {
                  o->out.c_str(), c.to_string().c_str(), *n / 1048576.0, (*in)->file_bytes() / 1048576.0,
                  static_cast<double>((*in)->file_bytes()) / static_cast<double>(*n), s);
     if (!o->json_out.empty()) {
-      char digest[19];
-      std::snprintf(digest, sizeof digest, "0x%016llx", static_cast<unsigned long long>((*back)->digest()));
       nlohmann::json j = {{"input", o->in},       {"output", o->out},          {"format", "q8_0"},
                           {"input_bytes", (*in)->file_bytes()}, {"output_bytes", *n},
-                          {"digest", digest},    {"seconds", s}};
+                          {"digest", model::format_digest((*back)->digest())},    {"seconds", s}};
       write_text(o->json_out, j.dump(2) + "\n");
     }
     status = 0;

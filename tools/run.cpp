@@ -230,13 +230,6 @@ int do_run(const run_opts& o) {
     }
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
-    if (!o.cluster.empty()) {
-      // Over daemons, a neighbour's first activation can overtake the front
-      // end's wiring of a shard; a statistics round trip to every shard
-      // follows the wiring on each connection (docs/distributed.md).
-      auto wired = (*c)->stats();
-      if (!wired) throw cli_error(wired.message());
-    }
     if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
     // The limits in effect, measured before the run (a limit not in effect
     // is the commonest mistake in such experiments).
@@ -284,17 +277,13 @@ int do_run(const run_opts& o) {
           extra.resume_rng = gp.sampling.seed;
           extra.resume_ids = {j.at("prompt_tokens").at(0).get<int>()};
           // Journals since the digests were added name what they ran on.
-          auto hex16 = [](uint64_t v) {
-            char b[20];
-            std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-            return std::string(b);
-          };
-          if (j.contains("model_digest") && j.at("model_digest").get<std::string>() != hex16((*c)->model_digest()))
+          const std::string model_digest = model::format_digest((*c)->model_digest());
+          if (j.contains("model_digest") && j.at("model_digest").get<std::string>() != model_digest)
             throw cli_error(o.resume + ": journaled on model " + j.value("model", std::string("?")) + " (digest " +
                             j.at("model_digest").get<std::string>() + "), not on " + o.model + " (digest " +
-                            hex16((*c)->model_digest()) + "): give the model the run started with");
+                            model_digest + "): give the model the run started with");
           if (j.contains("tokenizer_digest") &&
-              j.at("tokenizer_digest").get<std::string>() != hex16((*c)->tokenizer().digest()))
+              j.at("tokenizer_digest").get<std::string>() != model::format_digest((*c)->tokenizer().digest()))
             throw cli_error(o.resume + ": journaled with tokenizer " + j.value("tokenizer", std::string("?")) +
                             " (digest " + j.at("tokenizer_digest").get<std::string>() + "), not with " +
                             (*c)->tokenizer().name() + ": give the tokenizer the run started with");

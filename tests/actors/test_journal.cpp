@@ -93,9 +93,9 @@ TEST_CASE("a journal names its model: resuming on another model or tokenizer is 
                               "-q", "--journal", journal});
   REQUIRE(r.status == 0);
   const std::string header = test::read_file(journal).substr(0, test::read_file(journal).find('\n'));
-  CHECK_THAT(header, Catch::Contains("\"model\": \"stories260K.bin\"") &&
-                         Catch::Contains("\"model_digest\": \"a63dd90f31c958a4\"") &&
-                         Catch::Contains("\"tokenizer\": \"tok512.bin\""));
+  CHECK_THAT(header, Catch::Contains("\"model\":\"stories260K.bin\"") &&
+                         Catch::Contains("\"model_digest\":\"0xa63dd90f31c958a4\"") &&
+                         Catch::Contains("\"tokenizer\":\"tok512.bin\""));
   // Same shape, other weights: the ids would be garbage, so it is refused.
   const std::string other = dir + "/other.bin";
   REQUIRE(test::run_command({test::cellshard_bin(), "synth", "--config", "stories260k", "-s", "5", "-o", other})
@@ -103,7 +103,7 @@ TEST_CASE("a journal names its model: resuming on another model or tokenizer is 
   auto bad = test::run_command({test::cellshard_bin(), "run", "-m", other, "-z", z, "--nodes", "2", "-q", "--resume",
                                 journal});
   CHECK(bad.status == 1);
-  CHECK_THAT(bad.err, Catch::Contains("journaled on model stories260K.bin (digest a63dd90f31c958a4)") &&
+  CHECK_THAT(bad.err, Catch::Contains("journaled on model stories260K.bin (digest 0xa63dd90f31c958a4)") &&
                           Catch::Contains(other));
 }
 

@@ -86,8 +86,7 @@ traffic_run generate_and_count(const four_nodes& c, const std::string& topology,
   auto cl = actors::cluster::start(co);
   INFO((cl ? std::string() : cl.message()));
   REQUIRE(cl);
-  // Every shard has its wiring before the first step (as run --cluster does;
-  // docs/distributed.md, "Known race").
+  // Every shard answers (cluster::start returned after each confirmed its wiring).
   REQUIRE((*cl)->stats());
   model::generation_params gp;
   gp.steps = steps;

@@ -360,6 +360,32 @@ std::map<int, need_bounds> probe_needs(const std::string& name) {
 
 std::string bytes_text(uint64_t b) { return std::to_string(b); }
 
+/// Three daemons with `budget` bytes each and no spare; the paced run's
+/// stage 1 daemon is SIGKILLed after K tokens. Returns when the front end ended.
+struct lost_stage_1 {
+  std::unique_ptr<daemons> d;
+  std::unique_ptr<test::front_end_process> fe;
+  std::string json;
+  int status = -1;
+};
+lost_stage_1 kill_stage_1_without_spare(const std::string& name, const fixture& f, uint64_t budget) {
+  lost_stage_1 r;
+  r.d = std::make_unique<daemons>(name, 3, std::vector<std::string>{"--memory", bytes_text(budget)});
+  const std::string cluster =
+      test::write_cluster_entries(r.d->dir + "/cluster.json", r.d->entries(0, bytes_text(budget)));
+  r.json = r.d->dir + "/run.json";
+  r.fe = std::make_unique<test::front_end_process>(run_args(f, cluster, r.json, paced));
+  REQUIRE(r.fe->started());
+  const bool reached = r.fe->wait_for_stdout_bytes(f.offsets[K], 60);
+  INFO("budget " << budget << " bytes");
+  INFO(describe(*r.fe, *r.d));
+  REQUIRE(reached);
+  REQUIRE(placement_nodes(r.fe->err())[1] == 1);
+  (*r.d)[1].signal(SIGKILL);
+  r.status = r.fe->wait(run_deadline_s);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("no spare: the lost stage is re-placed on a survivor with room", "[net][recovery]") {
@@ -378,22 +404,13 @@ TEST_CASE("no spare: the lost stage is re-placed on a survivor with room", "[net
   const uint64_t three = low[0] + low[1] + low[2];
   REQUIRE(two < three);
   const uint64_t budget = two + (three - two) / 2;
-  daemons d("recovery-replace", 3, {"--memory", bytes_text(budget)});
-  const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(0, bytes_text(budget)));
-  const std::string json = d.dir + "/run.json";
-  test::front_end_process fe(run_args(f, cluster, json, paced));
-  REQUIRE(fe.started());
-  const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+  auto run = kill_stage_1_without_spare("recovery-replace", f, budget);
+  auto& fe = *run.fe;
   INFO("budget " << budget << " bytes");
-  INFO(describe(fe, d));
-  REQUIRE(reached);
-  REQUIRE(placement_nodes(fe.err())[1] == 1);
-  d[1].signal(SIGKILL);
-  const int status = fe.wait(run_deadline_s);
-  INFO(describe(fe, d));
-  CHECK(status == 0);
+  INFO(describe(fe, *run.d));
+  CHECK(run.status == 0);
   CHECK(fe.out() == f.text);
-  const auto j = read_json(json);
+  const auto j = read_json(run.json);
   INFO("json: " << j.dump(1));
   const auto recs = faults_of(j, 1);
   REQUIRE(recs.size() >= 1);
@@ -412,19 +429,11 @@ TEST_CASE("no spare and no room left: the clear error and the partial output", "
   const uint64_t pair = need[1].low + std::min(need[0].low, need[2].low);
   REQUIRE(one < pair);
   const uint64_t budget = one + (pair - one) / 2;
-  daemons d("recovery-noroom", 3, {"--memory", bytes_text(budget)});
-  const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(0, bytes_text(budget)));
-  const std::string json = d.dir + "/run.json";
-  test::front_end_process fe(run_args(f, cluster, json, paced));
-  REQUIRE(fe.started());
-  const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+  auto run = kill_stage_1_without_spare("recovery-noroom", f, budget);
+  auto& fe = *run.fe;
+  const int status = run.status;
   INFO("budget " << budget << " bytes");
-  INFO(describe(fe, d));
-  REQUIRE(reached);
-  REQUIRE(placement_nodes(fe.err())[1] == 1);
-  d[1].signal(SIGKILL);
-  const int status = fe.wait(run_deadline_s);
-  INFO(describe(fe, d));
+  INFO(describe(fe, *run.d));
   CHECK(status == 1);
   // The error says why: no spare, no room (actors/recovery.cpp).
   CHECK_THAT(fe.err(), Catch::Contains("no spare node left") && Catch::Contains("no surviving node has room") &&
