@@ -10,6 +10,9 @@
 #include <caf/all.hpp>
 
 #include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <sys/stat.h>
 #include <future>
 #include <map>
 #include <mutex>
@@ -17,6 +20,15 @@
 namespace cellshard::actors {
 
 namespace {
+
+/// The absolute path of an existing file, else "" (a built-in model has no file).
+std::string absolute_file(const std::string& p) {
+  char buf[PATH_MAX];
+  if (!::realpath(p.c_str(), buf)) return "";
+  struct stat st;
+  if (::stat(buf, &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return buf;
+}
 
 /// Shards in this process: one logical node per placement node, each with its
 /// own memory budget (node_state) charged by its shards.
@@ -225,6 +237,9 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.tokenizer_digest = im.tok->digest();
   spec.resume_ids = extra.resume_ids;
   spec.resume_rng = extra.resume_rng;
+  spec.resumed_journal = extra.resumed_journal;
+  spec.model_path = absolute_file(im.file->path());
+  spec.tokenizer_path = absolute_file(im.tok->name());
   if (on_token) spec.on_token = [id, on_token](int t, const std::string& p) { on_token(id, t, p); };
   impl* self = impl_.get();
   spec.on_done = [id, on_done, self](const session_outcome& o) {

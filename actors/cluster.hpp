@@ -82,6 +82,9 @@ struct request_options {
   std::string journal;          // append every token (JSON lines, flushed)
   std::vector<int> resume_ids;  // ids already produced (BOS first)
   uint64_t resume_rng = 0;      // sampler RNG state after the last of them
+  /// The verified journal resume_ids come from: `journal` continues it
+  /// (same running digest) instead of starting a new one.
+  std::shared_ptr<const model::journal> resumed_journal;
 };
 
 class cluster {

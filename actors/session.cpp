@@ -2,6 +2,7 @@
 
 #include "actors/messages.hpp"
 #include "model/checkpoint.hpp"
+#include "model/journal.hpp"
 #include "supervision/checkpoint.hpp"
 
 #include <caf/all.hpp>
@@ -48,7 +49,8 @@ struct session_state {
   bool recovering = false;
   recovery_record current;
   clock_type::time_point recovery_start;
-  std::FILE* journal = nullptr;
+  std::unique_ptr<model::journal_writer> journal;
+  std::string journal_error;  // the first failed journal write: ends the session
   int quiet_until = 0;  // resumed: ids below this index were reported by the killed run
   static inline const char* name = "cellshard.session";
 };
@@ -79,8 +81,12 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
     if (s) self->send(s, close_atom::value, st.spec.id);
   if (st.spec.coordinator) self->send(st.spec.coordinator, leave_atom::value, caf::actor{self});
   if (st.journal) {
-    std::fclose(st.journal);
-    st.journal = nullptr;
+    auto closed = st.journal->close();
+    if (!closed && st.out.ok) {
+      st.out.ok = false;
+      st.out.error = closed.message();
+    }
+    st.journal.reset();
   }
   if (st.spec.on_done) st.spec.on_done(st.out);
   self->quit();
@@ -115,10 +121,9 @@ void send_step(session_actor* self) {
 }
 
 void journal_token(session_state& st, int pos, int token) {
-  if (!st.journal) return;
-  std::fprintf(st.journal, "{\"pos\": %d, \"token\": %d, \"rng\": %llu}\n", pos, token,
-               static_cast<unsigned long long>(st.smp->rng_state()));
-  std::fflush(st.journal);
+  if (!st.journal || !st.journal_error.empty()) return;
+  auto r = st.journal->append({pos, token, st.smp->rng_state()});
+  if (!r) st.journal_error = r.message();
 }
 
 void emit(session_actor* self, int next) {
@@ -299,21 +304,26 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
     st.quiet_until = static_cast<int>(st.spec.resume_ids.size());
   }
   if (!st.spec.journal.empty()) {
-    st.journal = std::fopen(st.spec.journal.c_str(), st.spec.resume_ids.empty() ? "w" : "a");
-    if (st.journal && st.spec.resume_ids.empty()) {
-      const nlohmann::json header = {{"journal", 1},
-                                     {"steps", st.spec.params.steps},
-                                     {"temperature", st.spec.params.sampling.temperature},
-                                     {"topp", st.spec.params.sampling.topp},
-                                     {"seed", st.spec.params.sampling.seed},
-                                     {"model", st.spec.model_name},
-                                     {"model_digest", model::format_digest(st.spec.model_digest)},
-                                     {"tokenizer", st.spec.tokenizer_name},
-                                     {"tokenizer_digest", model::format_digest(st.spec.tokenizer_digest)},
-                                     {"prompt_tokens", st.prompt}};
-      std::fprintf(st.journal, "%s\n", header.dump().c_str());
-      std::fflush(st.journal);
+    result<std::unique_ptr<model::journal_writer>> w = make_error("");
+    if (st.spec.resumed_journal) {
+      w = model::journal_writer::resume(st.spec.journal, *st.spec.resumed_journal);
+    } else {
+      model::journal_header h;
+      h.steps = st.spec.params.steps;
+      h.temperature = st.spec.params.sampling.temperature;
+      h.topp = st.spec.params.sampling.topp;
+      h.seed = st.spec.params.sampling.seed;
+      h.model = st.spec.model_name;
+      h.model_path = st.spec.model_path;
+      h.model_digest = st.spec.model_digest;
+      h.tokenizer = st.spec.tokenizer_name;
+      h.tokenizer_path = st.spec.tokenizer_path;
+      h.tokenizer_digest = st.spec.tokenizer_digest;
+      h.prompt_tokens = st.prompt;
+      w = model::journal_writer::create(st.spec.journal, h);
     }
+    if (w) st.journal = std::move(*w);
+    else st.journal_error = w.message();
   }
   st.out.result.prompt_tokens = static_cast<int>(st.prompt.size());
   st.t0 = st.last = clock_type::now();
@@ -326,7 +336,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
   const int n_prompt = static_cast<int>(st.prompt.size());
   const int batch = std::min(n_prompt, steps);
   for (int p = 0; p + 1 < n_prompt && p < steps; ++p) emit(self, st.prompt[p + 1]);
-  if (n_prompt > steps) {
+  if (n_prompt > steps || !st.journal_error.empty()) {
     // Every position is a prompt position: nothing to compute.
     st.pos = steps;
     self->send(self, timeout_atom::value, uint64_t{0});  // finishes below
@@ -351,6 +361,10 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         st.retries_left = st.spec.max_retries;
         const int next = st.smp->sample(m.logits.data.data());
         emit(self, next);
+        if (!st.journal_error.empty()) {
+          finish(self, false, st.journal_error);
+          return;
+        }
         if (!st.current.indices.empty()) {  // the first token after a recovery
           st.current.recover_ms = ms_since(st.recovery_start);
           st.out.recoveries.push_back(st.current);
@@ -420,8 +434,8 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
       [=](timeout_atom, uint64_t seq) {
         auto& st = self->state;
         if (st.done) return;
-        if (seq == 0) {  // the all-prompt case
-          finish(self, true, "");
+        if (seq == 0) {  // the all-prompt case, or a journal that cannot be written
+          finish(self, st.journal_error.empty(), st.journal_error);
           return;
         }
         if (seq != st.step_seq) return;  // a past step's deadline

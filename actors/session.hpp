@@ -10,6 +10,7 @@
 #pragma once
 
 #include "model/generate.hpp"
+#include "model/journal.hpp"
 #include "model/tokenizer.hpp"
 
 #include <caf/actor.hpp>
@@ -68,12 +69,16 @@ struct session_spec {
   // Written into the journal's header, so that a resume on another model or
   // tokenizer is refused (tools/run.cpp): file names and XXH64 digests.
   std::string model_name, tokenizer_name;
+  std::string model_path, tokenizer_path;  // absolute; empty for a built-in model
   uint64_t model_digest = 0, tokenizer_digest = 0;
   /// Resume: the ids a killed front end already produced (BOS first) and the
   /// RNG state after the last of them. They are prefilled like a prompt (not
   /// reported again) and generation continues from there.
   std::vector<int> resume_ids;
   uint64_t resume_rng = 0;
+  /// The verified journal being resumed (model/journal.hpp): its lines are
+  /// continued in `journal` with the running digest carried on.
+  std::shared_ptr<const model::journal> resumed_journal;
   /// Test hook: flip a byte in every checkpoint archive of this placement
   /// index (-1: none), to show that a corrupt checkpoint is detected.
   int corrupt_checkpoints_of = -1;

@@ -74,6 +74,24 @@ result<config> model_file::parse_fields(const int32_t raw[7], const std::string&
   if (c.head_size() % 2 != 0)
     return bad("head size dim/n_heads = " + std::to_string(c.head_size()) +
                " is odd; RoPE rotates pairs");
+  // Each field is below 2^24, but products of them overflow 64 bits (dim^2 x
+  // n_layers reaches 2^72): bound the file size in 128-bit arithmetic first,
+  // so checkpoint_bytes() and every offset computed from the header are exact.
+  {
+    using u128 = unsigned __int128;
+    const u128 d = static_cast<u128>(c.dim), h = static_cast<u128>(c.hidden_dim),
+               kv = static_cast<u128>(c.n_kv_heads) * static_cast<u128>(c.head_size());
+    const u128 layer = d + d * d + 2 * d * kv + d * d + d + 3 * d * h;
+    const u128 emb = static_cast<u128>(c.vocab_size) * d;
+    const u128 rope = 2 * static_cast<u128>(c.seq_len) * static_cast<u128>(c.head_size() / 2);
+    const u128 bytes = 28 + 4 * (emb * (c.shared_classifier ? 1 : 2) + layer * static_cast<u128>(c.n_layers) + d + rope);
+    if (bytes > (static_cast<u128>(1) << max_checkpoint_log2)) {
+      std::ostringstream os;
+      os << "these fields describe a file of " << static_cast<long double>(bytes) / 1099511627776.0L
+         << " TiB, expected at most 2^" << max_checkpoint_log2 << " bytes";
+      return bad(os.str());
+    }
+  }
   return c;
 }
 
@@ -107,7 +125,19 @@ result<void> model_file::init(const std::string& name, load_options opts) {
   if (swap)
     for (auto& v : raw) v = static_cast<int32_t>(bswap32(static_cast<uint32_t>(v)));
   auto c = parse_header(raw, size_, name);
-  if (!c) return c.err();
+  if (!c) {
+    // A file whose header is valid in the other byte order, with exactly the
+    // size that header implies, is a byte-swapped checkpoint, not a corrupt one.
+    int32_t other[7];
+    for (int i = 0; i < 7; ++i) other[i] = static_cast<int32_t>(bswap32(static_cast<uint32_t>(raw[i])));
+    auto o = parse_header(other, size_, name);
+    if (o)
+      return make_error(name + ": byte-swapped llama2.c checkpoint: its header is valid only with the bytes of "
+                        "each field in the other order (" + o->to_string() +
+                        "); expected the little-endian layout llama2.c's export.py writes (swap every 4-byte "
+                        "word to convert it)");
+    return c.err();
+  }
   cfg_ = *c;
   if (swap) {  // whole file is 4-byte words: swap every word in place
     digest_ = XXH64(base_, size_, 0);  // the digest is of the file's own bytes

@@ -101,6 +101,10 @@ public:
   /// XXH64 of the whole file (computed on first call; thread-safe).
   uint64_t digest() const;
 
+  /// Largest file a header may describe: 2^max_checkpoint_log2 bytes (64 TiB;
+  /// Llama 3 405B in f32 is 1.6 TB). parse_fields() refuses more, so sizes and
+  /// offsets derived from a header never overflow 64 bits.
+  static constexpr int max_checkpoint_log2 = 46;
   /// Validates a header against a file size; exposed for tests and tools.
   static result<config> parse_header(const int32_t raw[7], uint64_t file_size,
                                      const std::string& name);

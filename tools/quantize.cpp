@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <sys/stat.h>
 
 namespace cellshard::tools {
 
@@ -23,6 +24,13 @@ void add_quantize(CLI::App& app, int& status) {
   cmd->add_option("OUT", o->out, "q8_0 file to write (run it with -m OUT)")->required();
   cmd->add_option("--json", o->json_out, "summary JSON to FILE (- = stdout)");
   cmd->callback([o, &status] {
+    // Writing OUT over IN would destroy the input while it is still being read.
+    struct stat si, so;
+    if (o->in == o->out || (::stat(o->in.c_str(), &si) == 0 && ::stat(o->out.c_str(), &so) == 0 &&
+                            si.st_dev == so.st_dev && si.st_ino == so.st_ino))
+      throw cli_error("quantize: OUT '" + o->out + "' is the input file '" + o->in +
+                          "'; expected another path (the input would be overwritten while it is read)",
+                      2);
     const auto t0 = std::chrono::steady_clock::now();
     auto in = model::model_file::open(o->in);
     if (!in) throw cli_error(in.message());

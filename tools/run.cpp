@@ -6,6 +6,7 @@
 #include "kernels/spe.hpp"
 #include "supervision/fault_plan.hpp"
 #include "model/generate.hpp"
+#include "model/journal.hpp"
 #include "model/transformer.hpp"
 #include "topologies/placement.hpp"
 #include "topologies/profile.hpp"
@@ -15,6 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <chrono>
@@ -50,6 +56,10 @@ struct run_opts {
   int batch = 1;
   bool demo = false;  // `run` without -m and without nodes: the demo
   std::string journal, resume;  // issue #7
+  std::string expect_digest;    // XXH64 of the model file, as model::format_digest prints it
+  // Which of -n/-t/-p/-s/-i the command line gave (a resume refuses conflicting ones only).
+  bool steps_given = false, temperature_given = false, topp_given = false, seed_given = false,
+       prompt_given = false;
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
   std::string cluster, tls_cert, tls_key, tls_ca;
 };
@@ -128,6 +138,66 @@ int do_demo(const run_opts& o) {
   return same ? 0 : 3;
 }
 
+/// "0x" and 16 hex digits (the prefix optional), as model::format_digest prints a digest.
+uint64_t parse_digest_flag(const std::string& text, const std::string& flag) {
+  std::string t = text;
+  if (t.size() > 2 && t[0] == '0' && (t[1] == 'x' || t[1] == 'X')) t = t.substr(2);
+  bool ok = !t.empty() && t.size() <= 16;
+  for (char ch : t) ok = ok && std::isxdigit(static_cast<unsigned char>(ch));
+  if (!ok)
+    throw cli_error(flag + " '" + text + "': expected a 64-bit hex digest such as 0xa63dd90f31c958a4 "
+                    "(XXH64 of the whole file, as `inspect` and the journal print it)", 2);
+  return std::stoull(t, nullptr, 16);
+}
+
+/// Usage checks of the flags alone, before anything is loaded: each names the
+/// flag, the value given and what was expected, and exits 2.
+void check_run_flags(const run_opts& o) {
+  auto fmt = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  // Finite values outside the ranges keep run.c's meaning (a negative
+  // temperature is greedy; top-p outside [0, 1] becomes 0.9), but NaN and
+  // infinity have none: NaN compares false everywhere and would sample garbage.
+  if (!std::isfinite(o.temperature))
+    throw cli_error("-t/--temperature: got " + fmt(o.temperature) +
+                    ", expected a finite number (0 = greedy, 1 = the model's distribution)", 2);
+  if (!std::isfinite(o.topp))
+    throw cli_error("-p/--topp: got " + fmt(o.topp) + ", expected a finite number in [0, 1] (0.9 is usual)", 2);
+  if (o.nodes < 1) throw cli_error("--nodes: got " + std::to_string(o.nodes) + ", expected at least 1", 2);
+  if (o.spares < 0)
+    throw cli_error("--spares: got " + std::to_string(o.spares) + ", expected 0 or more spare nodes", 2);
+  if (o.batch < 1)
+    throw cli_error("--batch: got " + std::to_string(o.batch) + ", expected at least 1 concurrent request", 2);
+  if (o.caf_threads < 1)
+    throw cli_error("--caf-threads: got " + std::to_string(o.caf_threads) + ", expected at least 1", 2);
+  if (o.blas_threads < 0)
+    throw cli_error("--blas-threads: got " + std::to_string(o.blas_threads) + ", expected 0 (OpenBLAS default) or more",
+                    2);
+  if (o.spe_workers < 0)
+    throw cli_error("--spe-workers: got " + std::to_string(o.spe_workers) + ", expected 0 (the profile's) or more", 2);
+  auto strat = topologies::parse_strategy(o.topology);
+  if (!strat) throw cli_error(strat.message(), 2);
+  if (!o.expect_digest.empty()) parse_digest_flag(o.expect_digest, "--expect-digest");
+}
+
+/// A fault at a position the run never reaches would silently never fire, and
+/// a chaos experiment would quietly be a fault-free one. The positions are
+/// known before the run starts, so this is a usage error (exit 2), not a
+/// warning. (A fault inside the range can still miss a run that ends early on
+/// BOS; run --json lists the faults that fired.)
+void check_fault_steps(const std::vector<supervision::fault_plan>& faults, int steps) {
+  for (const auto& f : faults)
+    if (f.step >= static_cast<uint64_t>(steps))
+      throw cli_error("fault " + supervision::to_string(f) + ": step " + std::to_string(f.step) +
+                          " is beyond the run's last position " + std::to_string(steps - 1) + " (-n " +
+                          std::to_string(steps) + "), so it would never fire; expected a step below " +
+                          std::to_string(steps),
+                      2);
+}
+
 int do_run(const run_opts& o) {
   if (o.demo) return do_demo(o);
   const kernels::backend* be = kernels::find_backend(o.kernels);
@@ -149,13 +219,111 @@ int do_run(const run_opts& o) {
     if (!e) throw cli_error(e.message());
     expected = *e;
   }
-  loaded_model lm = load_model(o.model, o.tokenizer);
+  // --resume: the journal is verified first (a gap, an edit or a cut line is
+  // refused with its line number); it names the model and tokenizer to reopen.
+  std::shared_ptr<const model::journal> resumed;
+  std::string model_path = o.model, tokenizer_path = o.tokenizer;
+  if (!o.resume.empty()) {
+    auto j = model::read_journal(o.resume);
+    if (!j) throw cli_error(j.message());
+    resumed = std::make_shared<const model::journal>(std::move(*j));
+    const auto& h = resumed->header;
+    if (model_path.empty()) {
+      if (h.model_path.empty())
+        throw cli_error(o.resume + ": the journal names no model file (" + h.model +
+                        " was not opened from a file); give it with -m", 2);
+      model_path = h.model_path;
+      if (tokenizer_path.empty()) tokenizer_path = h.tokenizer_path;
+    }
+  }
+  if (!o.journal.empty() && o.journal != o.resume) {
+    // Fail before anything starts when the journal cannot be created.
+    std::string dir = o.journal;
+    const auto slash = dir.find_last_of('/');
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw cli_error("--journal " + o.journal + ": cannot create it: folder " + dir + " does not exist");
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw cli_error("--journal " + o.journal + ": cannot create it in " + dir + ": " + std::strerror(errno));
+  }
+  loaded_model lm = load_model(model_path, tokenizer_path);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
+  if (!o.expect_digest.empty()) {
+    const uint64_t want = parse_digest_flag(o.expect_digest, "--expect-digest");
+    if (lm.file->digest() != want)
+      throw cli_error(lm.file->path() + ": digest " + model::format_digest(lm.file->digest()) + ", expected " +
+                      model::format_digest(want) +
+                      " (--expect-digest, XXH64 of the whole file): the file is corrupt or another version");
+  }
   model::generation_params gp;
   gp.prompt = o.prompt;
   gp.steps = o.steps;
   gp.sampling = {o.temperature, o.topp, o.seed};
   gp = model::normalise(gp, lm.file->cfg().seq_len);
+  actors::request_options extra;
+  extra.journal = o.journal;
+  if (resumed) {
+    const auto& h = resumed->header;
+    const std::string model_digest = model::format_digest(lm.file->digest());
+    if (h.model_digest != lm.file->digest())
+      throw cli_error(o.resume + ": journaled on model " + h.model + " (digest " + model::format_digest(h.model_digest) +
+                      "), not on " + lm.file->path() + " (digest " + model_digest +
+                      "): give the model the run started with");
+    if (h.tokenizer_digest != lm.tok->digest())
+      throw cli_error(o.resume + ": journaled with tokenizer " + h.tokenizer + " (digest " +
+                      model::format_digest(h.tokenizer_digest) + "), not with " + lm.tok->name() + " (digest " +
+                      model::format_digest(lm.tok->digest()) + "): give the tokenizer the run started with");
+    // Flags given on the command line must agree with the journal (as run
+    // normalises them); flags not given take the journal's values.
+    auto conflict = [&](const std::string& flag, const std::string& given, const std::string& journaled) {
+      throw cli_error("--resume " + o.resume + ": " + flag + " " + given + " conflicts with the journal's " +
+                          journaled + "; drop " + flag + " (the journal's value is used) or start a new run",
+                      2);
+    };
+    auto num = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    if (o.steps_given && gp.steps != h.steps) conflict("-n", std::to_string(o.steps), "steps " + std::to_string(h.steps));
+    if (o.temperature_given && gp.sampling.temperature != h.temperature)
+      conflict("-t", num(o.temperature), "temperature " + num(h.temperature));
+    if (o.topp_given && gp.sampling.topp != h.topp) conflict("-p", num(o.topp), "top-p " + num(h.topp));
+    if (o.seed_given && o.seed != h.seed)
+      conflict("-s", std::to_string(o.seed), "seed " + std::to_string(h.seed));
+    if (o.prompt_given && lm.tok->encode(o.prompt, true, false) != h.prompt_tokens)
+      conflict("-i", "'" + o.prompt + "'", "prompt (" + std::to_string(h.prompt_tokens.size()) + " tokens)");
+    if (h.steps > lm.file->cfg().seq_len)
+      throw cli_error(o.resume + ": the journal's steps " + std::to_string(h.steps) + " exceed the model's seq_len " +
+                      std::to_string(lm.file->cfg().seq_len));
+    gp.steps = h.steps;
+    gp.sampling.temperature = h.temperature;
+    gp.sampling.topp = h.topp;
+    gp.sampling.seed = h.seed;
+    const int vocab = lm.file->cfg().vocab_size;
+    extra.resume_ids = {h.prompt_tokens.front()};
+    extra.resume_rng = h.seed;
+    for (size_t i = 0; i < resumed->entries.size(); ++i) {
+      const auto& e = resumed->entries[i];
+      if (e.token >= vocab)
+        throw cli_error(o.resume + ": line " + std::to_string(i + 2) + ": token " + std::to_string(e.token) +
+                        ", expected an id below the model's vocab_size " + std::to_string(vocab));
+      extra.resume_ids.push_back(e.token);
+      extra.resume_rng = e.rng;
+    }
+    for (int t : h.prompt_tokens)
+      if (t >= vocab)
+        throw cli_error(o.resume + ": line 1: prompt token " + std::to_string(t) +
+                        ", expected ids below the model's vocab_size " + std::to_string(vocab));
+    extra.resumed_journal = resumed;
+    if (extra.journal.empty() || extra.journal == o.resume) {
+      extra.journal = o.resume;  // keep journaling where it was
+    } else {
+      write_text(extra.journal, read_text(o.resume));  // the new file holds the whole journal
+    }
+    std::fprintf(stderr, "resuming %s: %zu ids already produced\n", o.resume.c_str(), extra.resume_ids.size());
+  }
 
   auto print_piece = [&](const std::string& piece) {
     if (o.quiet) return;
@@ -228,6 +396,7 @@ int do_run(const run_opts& o) {
       if (!fs) throw cli_error(o.faults_file + ": " + fs.message(), 2);
       co.faults.insert(co.faults.end(), fs->begin(), fs->end());
     }
+    check_fault_steps(co.faults, gp.steps);
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
     if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
@@ -249,52 +418,6 @@ int do_run(const run_opts& o) {
                        m.from, m.to, m.measured_bps / 1e6, m.measured_latency_us, m.target_bps / 1e6,
                        m.target_latency_us);
       }
-    }
-    actors::request_options extra;
-    extra.journal = o.journal;
-    if (!o.resume.empty()) {
-      // The journal of a killed run: its parameters, then one line per token.
-      std::istringstream in(read_text(o.resume));
-      std::string line;
-      int n = 0;
-      bool header = false;
-      while (std::getline(in, line)) {
-        ++n;
-        if (line.empty()) continue;
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(line);
-        } catch (const std::exception& e) {
-          if (in.peek() == EOF) break;  // a last line cut by the kill: ignore it
-          throw cli_error(o.resume + ": line " + std::to_string(n) + ": not JSON: " + e.what());
-        }
-        if (j.contains("journal")) {
-          header = true;
-          gp.steps = j.at("steps");
-          gp.sampling.temperature = j.at("temperature");
-          gp.sampling.topp = j.at("topp");
-          gp.sampling.seed = j.at("seed");
-          extra.resume_rng = gp.sampling.seed;
-          extra.resume_ids = {j.at("prompt_tokens").at(0).get<int>()};
-          // Journals since the digests were added name what they ran on.
-          const std::string model_digest = model::format_digest((*c)->model_digest());
-          if (j.contains("model_digest") && j.at("model_digest").get<std::string>() != model_digest)
-            throw cli_error(o.resume + ": journaled on model " + j.value("model", std::string("?")) + " (digest " +
-                            j.at("model_digest").get<std::string>() + "), not on " + o.model + " (digest " +
-                            model_digest + "): give the model the run started with");
-          if (j.contains("tokenizer_digest") &&
-              j.at("tokenizer_digest").get<std::string>() != model::format_digest((*c)->tokenizer().digest()))
-            throw cli_error(o.resume + ": journaled with tokenizer " + j.value("tokenizer", std::string("?")) +
-                            " (digest " + j.at("tokenizer_digest").get<std::string>() + "), not with " +
-                            (*c)->tokenizer().name() + ": give the tokenizer the run started with");
-        } else if (header && j.contains("token")) {
-          extra.resume_ids.push_back(j.at("token"));
-          extra.resume_rng = j.at("rng");
-        }
-      }
-      if (!header) throw cli_error(o.resume + ": not a cellshard journal (no header line)");
-      if (extra.journal.empty()) extra.journal = o.resume;  // keep journaling where it was
-      std::fprintf(stderr, "resuming %s: %zu ids already produced\n", o.resume.c_str(), extra.resume_ids.size());
     }
     // --batch B: B identical requests at once; the first one's text is printed.
     const auto wall0 = std::chrono::steady_clock::now();
@@ -486,6 +609,9 @@ void add_run(CLI::App& app, int& status) {
       ->capture_default_str();
   cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
       ->capture_default_str();
+  cmd->add_option("--expect-digest", o->expect_digest,
+                  "refuse to run unless the model file's XXH64 digest is HEX (0x and 16 hex digits, as "
+                  "inspect prints it)");
   cmd->add_option("--ids-out", o->ids_out, "write the token ids (BOS first) to FILE");
   cmd->add_option("--expect-ids", o->expect_ids,
                   "compare the ids with FILE; on a difference exit 3 naming the position");
@@ -514,7 +640,9 @@ void add_run(CLI::App& app, int& status) {
       cmd->add_option("--batch", o->batch, "concurrent identical requests; tokens/s is their aggregate")->group(g),
       cmd->add_option("--journal", o->journal,
                       "record the token log, RNG state and sampling parameters to FILE as the run goes")->group(g),
-      cmd->add_option("--resume", o->resume, "continue the run journaled in FILE (same model and nodes)")
+      cmd->add_option("--resume", o->resume,
+                  "continue the run journaled in FILE: reopens the model and tokenizer it names (-m/-z "
+                  "optional; their digests must match); -n/-t/-p/-s/-i, if given, must agree with it")
           ->group(g)};
   auto* d = "Nodes (daemons)";
   auto* cluster_opt = cmd->add_option("--cluster", o->cluster,
@@ -537,6 +665,12 @@ void add_run(CLI::App& app, int& status) {
     auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
     if (!tls) throw cli_error(tls.message(), 2);
     (void)cmd;
+    check_run_flags(*o);
+    o->steps_given = cmd->count("-n") > 0;
+    o->temperature_given = cmd->count("-t") > 0;
+    o->topp_given = cmd->count("-p") > 0;
+    o->seed_given = cmd->count("-s") > 0;
+    o->prompt_given = cmd->count("-i") > 0;
     status = do_run(*o);
   });
 }

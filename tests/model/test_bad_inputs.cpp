@@ -1,0 +1,130 @@
+// Bad inputs of issue #21 through the binary, as a user types them: each one
+// exits with its status (2 usage, 1 error) and a message naming the flag or
+// file and what was expected. One table row per input.
+#include "model/checkpoint.hpp"
+#include "tests/support.hpp"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+using namespace cellshard;
+
+namespace {
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+struct bad_input {
+  const char* name;
+  std::vector<std::string> args;  // after the binary; {M} = the model, {Z} = its tokenizer, {D} = a temp dir
+  int status;
+  std::vector<std::string> says;  // substrings of stderr
+};
+}  // namespace
+
+TEST_CASE("every bad input of issue #21 exits with a message naming what and what was expected",
+          "[cli][errors][validation]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("bad-inputs");
+  const std::string m = test::shared_file("models/stories260K.bin");
+  const std::string z = test::shared_file("models/tok512.bin");
+  // A byte-swapped copy of the model: every 4-byte word reversed.
+  const std::string swapped = dir + "/swapped.bin";
+  {
+    std::string b = test::read_file(m);
+    for (size_t i = 0; i + 4 <= b.size(); i += 4) {
+      std::swap(b[i], b[i + 3]);
+      std::swap(b[i + 1], b[i + 2]);
+    }
+    std::ofstream(swapped, std::ios::binary) << b;
+  }
+  const std::string copy = dir + "/copy.bin";
+  std::ofstream(copy, std::ios::binary) << test::read_file(m);
+  const std::vector<bad_input> table = {
+      {"-t nan", {"run", "-m", "{M}", "-z", "{Z}", "-t", "nan"}, 2,
+       {"-t/--temperature: got nan", "expected a finite number"}},
+      {"-t inf", {"run", "-m", "{M}", "-z", "{Z}", "-t", "inf"}, 2, {"-t/--temperature: got inf", "finite"}},
+      {"-p nan", {"run", "-m", "{M}", "-z", "{Z}", "-p", "nan"}, 2, {"-p/--topp: got nan", "expected a finite number"}},
+      {"--spares -1", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "--spares", "-1"}, 2,
+       {"--spares: got -1", "expected 0 or more"}},
+      {"--nodes 0", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "0"}, 2, {"--nodes: got 0", "expected at least 1"}},
+      {"--batch 0", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "--batch", "0"}, 2,
+       {"--batch: got 0", "expected at least 1"}},
+      {"--batch -2", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "--batch", "-2"}, 2,
+       {"--batch: got -2", "expected at least 1"}},
+      {"a fault step beyond -n", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "-n", "20", "--fault",
+                                  "crash:node=1:step=50"}, 2,
+       {"crash:node=1:step=50", "step 50 is beyond the run's last position 19", "never fire",
+        "expected a step below 20"}},
+      {"--topology hybrid without PxT", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "4", "--topology", "hybrid"}, 2,
+       {"--topology 'hybrid'", "hybrid needs P and T"}},
+      {"--journal in a folder that does not exist",
+       {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "-n", "8", "--journal", "/nonexistent/dir/j"}, 1,
+       {"--journal /nonexistent/dir/j", "folder /nonexistent/dir does not exist"}},
+      {"--expect-digest not hex", {"run", "-m", "{M}", "-z", "{Z}", "--expect-digest", "xyz"}, 2,
+       {"--expect-digest 'xyz'", "expected a 64-bit hex digest"}},
+      {"--expect-digest of another file", {"run", "-m", "{M}", "-z", "{Z}", "-n", "4", "--expect-digest",
+                                           "0x0000000000000001"}, 1,
+       {"stories260K.bin: digest 0xa63dd90f31c958a4, expected 0x0000000000000001", "corrupt or another version"}},
+      {"quantize X X", {"quantize", "{D}/copy.bin", "{D}/copy.bin"}, 2,
+       {"is the input file", "expected another path"}},
+      {"quantize X ./X", {"quantize", "{D}/copy.bin", "{D}/./copy.bin"}, 2, {"is the input file"}},
+      {"synth beyond the size limit", {"synth", "--config", "custom", "--dim", "16000000", "--heads", "1",
+                                       "--kv-heads", "1", "-o", "{D}/huge.bin"}, 2,
+       {"synth: dim 16000000", "TiB", "expected at most 64.0 GiB", "--max-size"}},
+      {"synth beyond the free disk", {"synth", "--config", "custom", "--dim", "4096", "--hidden", "16384",
+                                      "--heads", "32", "--kv-heads", "32", "--layers", "4000",
+                                      "--max-size", "100000000000000", "-o", "{D}/big.bin"}, 1,
+       {"big.bin would be", "TiB", "free; expected a smaller shape or another folder"}},
+      {"a byte-swapped llama2.c file", {"run", "-m", "{D}/swapped.bin", "-z", "{Z}", "-n", "4"}, 1,
+       {"swapped.bin: byte-swapped llama2.c checkpoint", "dim 64, hidden 172, layers 5",
+        "expected the little-endian layout"}},
+  };
+  for (const auto& row : table) {
+    DYNAMIC_SECTION(row.name) {
+      std::vector<std::string> args = {test::cellshard_bin()};
+      for (auto a : row.args) {
+        for (auto [key, val] : {std::pair<std::string, std::string>{"{M}", m}, {"{Z}", z}, {"{D}", dir}}) {
+          const auto at = a.find(key);
+          if (at != std::string::npos) a.replace(at, key.size(), val);
+        }
+        args.push_back(a);
+      }
+      auto r = test::run_command(args);
+      INFO(r.err);
+      CHECK(r.status == row.status);
+      for (const auto& s : row.says) CHECK_THAT(r.err, Catch::Contains(s));
+    }
+  }
+  // Refused before writing: no partial file left behind, and the input intact.
+  CHECK(!exists(dir + "/huge.bin"));
+  CHECK(!exists(dir + "/big.bin"));
+  CHECK(test::read_file(copy) == test::read_file(m));
+}
+
+TEST_CASE("--expect-digest with the file's own digest runs", "[cli][validation]") {
+  if (!test::have_shared()) return;
+  const std::string m = test::shared_file("models/stories260K.bin");
+  auto f = model::model_file::open(m);
+  REQUIRE(f);
+  const std::string d = model::format_digest((*f)->digest());
+  CHECK(d == "0xa63dd90f31c958a4");  // the digest docs and the fingerprint tests name
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", test::shared_file("models/tok512.bin"),
+                              "-n", "8", "-t", "0", "-q", "--expect-digest", d, "--ids-out",
+                              test::temp_dir("expect-digest") + "/ids"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+}
+
+TEST_CASE("a header whose size overflows 64 bits is refused, not wrapped", "[model][validation]") {
+  // dim 2^24 - 2 with 2^24 - 1 layers: dim^2 x layers is ~2^72 floats.
+  const int32_t raw[7] = {(1 << 24) - 4, 1 << 20, (1 << 24) - 1, 2, 2, 512, 256};
+  auto c = model::model_file::parse_fields(raw, "big.bin");
+  REQUIRE(!c);
+  CHECK_THAT(c.message(), Catch::Contains("big.bin: corrupt header") && Catch::Contains("TiB") &&
+                              Catch::Contains("expected at most 2^46 bytes"));
+}
