@@ -100,7 +100,68 @@ struct cluster::impl {
   std::map<uint64_t, caf::actor> sessions;
   std::atomic<uint64_t> next_id{1};
   bool stopped = false;
+  std::function<double(int)> transfer_estimate;  // ms on the critical path's links for n positions
 };
+
+namespace {
+
+/// The links a step crosses one after another, with the bytes each carries
+/// per position (plus fixed bytes): the embedding holder's broadcast to its
+/// tensor group, two all-reduces per layer inside a group (every rank sends
+/// to every other rank at once, one hop deep), the activation to the next
+/// stage, and the logits to the front end. A group's hops use its slowest
+/// node's link. Returns ms for a step of n positions (issue #20: deadlines
+/// that fit the work).
+std::function<double(int)> transfer_estimate(const topologies::placement& plan, const model::config& cfg,
+                                             const std::vector<topologies::node_spec>& nodes) {
+  struct hop {
+    double per_position = 0, fixed = 0;
+    topologies::link_spec link;
+  };
+  auto link_of = [&](int node) {
+    for (const auto& n : nodes)
+      if (n.index == node) return n.prof.link;
+    return topologies::link_spec{};
+  };
+  std::vector<hop> hops;
+  const double row = static_cast<double>(cfg.dim) * sizeof(float);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const auto& group = plan.stages[s].shards;
+    topologies::link_spec slow = link_of(plan.shards[group.front()].node);
+    for (int idx : group) {
+      const auto l = link_of(plan.shards[idx].node);
+      if (l.bandwidth_bps > 0 && (slow.bandwidth_bps == 0 || l.bandwidth_bps < slow.bandwidth_bps))
+        slow.bandwidth_bps = l.bandwidth_bps;
+      slow.latency_us = std::max(slow.latency_us, l.latency_us);
+    }
+    if (group.size() > 1) {
+      if (s == 0) hops.push_back({row, 0, slow});
+      const auto& layers = plan.shards[group.front()].layers;
+      for (int l = layers.begin; l < layers.end; ++l) {
+        hops.push_back({row, 0, slow});
+        hops.push_back({row, 0, slow});
+      }
+    }
+    const auto head = link_of(plan.shards[group.front()].node);
+    if (s + 1 < plan.stages.size()) {
+      hops.push_back({row, 0, head});
+    } else {
+      // The last stage's checkpoint delta (its KV rows of the step) goes to
+      // the front end just before the logits, on the same link.
+      const auto& sh = plan.shards[group.front()];
+      const double kv_row = 2.0 * (sh.layers.end - sh.layers.begin) * (sh.kv_heads.end - sh.kv_heads.begin) *
+                            cfg.head_size() * sizeof(float);
+      hops.push_back({kv_row, static_cast<double>(cfg.vocab_size) * sizeof(float), head});
+    }
+  }
+  return [hops](int n) {
+    double ms = 0;
+    for (const auto& h : hops) ms += 1e3 * h.link.transfer_s(static_cast<uint64_t>(h.per_position * n + h.fixed));
+    return ms;
+  };
+}
+
+}  // namespace
 
 cluster::cluster(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 
@@ -196,9 +257,11 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   rt->opts.heartbeat = opts.heartbeat;
   if (!opts.faults.empty())
     rt->opts.faults = std::make_shared<supervision::fault_injector>(opts.faults);
-  auto sup = start_runtime(*im->sys, rt, opts.step_timeout);
+  // Starting shards (remote spawns, weight loading) is not a step: at least 30 s.
+  auto sup = start_runtime(*im->sys, rt, std::max(opts.step_timeout, std::chrono::milliseconds(30000)));
   if (!sup) return sup.err();
   im->supervisor = *sup;
+  im->transfer_estimate = transfer_estimate(im->plan, im->file->cfg(), im->host->nodes());
   im->rt = rt;
   return std::unique_ptr<cluster>(new cluster(std::move(im)));
 }
@@ -229,6 +292,7 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.coordinator = im.rt->coordinator;
   spec.step_timeout = im.opts.step_timeout;
   spec.step_timeout_min = im.opts.step_timeout_min;
+  spec.expected_transfer_ms = im.transfer_estimate;
   spec.corrupt_checkpoints_of = im.opts.corrupt_checkpoints_of;
   spec.journal = extra.journal;
   spec.model_name = im.file->path().substr(im.file->path().rfind('/') + 1);
@@ -313,6 +377,11 @@ std::vector<fault_record> cluster::faults() const {
   }
   std::lock_guard<std::mutex> lock(impl_->rt->mu);
   return impl_->rt->faults;
+}
+
+std::vector<suspicion_info> cluster::suspicions() const {
+  std::lock_guard<std::mutex> lock(impl_->rt->mu);
+  return impl_->rt->suspicions;
 }
 
 result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chrono::milliseconds deadline) {

@@ -113,6 +113,9 @@ public:
   const topologies::placement& placement() const;
   /// Every fault that fired so far, with detection and recovery times.
   std::vector<fault_record> faults() const;
+  /// Nodes the heartbeat detector suspected that then answered a probe (or
+  /// heartbeated again): not restarted, not in faults() (issue #20).
+  std::vector<suspicion_info> suspicions() const;
   /// Measures every link the placement uses (probe bursts through the
   /// shapers: a tiny message for latency, then back-to-back 16 KiB messages
   /// for bandwidth, ~40 ms per link). Unshaped links are left out.

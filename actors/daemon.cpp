@@ -51,6 +51,7 @@ struct daemon_state {
     int32_t index = 0;      // its placement index (for the log)
   };
   std::map<caf::actor_addr, shard_record> shards;  // by the shard's address
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   static inline const char* name = "cellshard.daemon";
 };
 
@@ -237,7 +238,15 @@ void dial_next(daemon_actor* self, std::shared_ptr<peer_job> job) {
                           std::to_string(p.ports[i]) + ")";
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(job->until - std::chrono::steady_clock::now());
   if (left.count() < 1) left = std::chrono::milliseconds(1);
-  self->request(job->mm, left, caf::connect_atom::value, p.hosts[i], p.ports[i])
+  auto local = guarded_port(p.hosts[i], p.ports[i]);
+  if (!local) {
+    job->out.error += (job->out.error.empty() ? "" : "; ") + who + ": " + local.message();
+    job->next++;
+    job->attempt = 0;
+    dial_next(self, job);
+    return;
+  }
+  self->request(job->mm, left, caf::connect_atom::value, std::string("127.0.0.1"), *local)
       .then(
           [=](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
             if (!ptr) {
@@ -416,6 +425,14 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.shards = static_cast<int32_t>(st.shards.size());
         r.clients = static_cast<int32_t>(st.clients.size());
         r.pid = static_cast<int32_t>(::getpid());
+        r.sessions = st.node->sessions.load();
+        r.uptime_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                            st.started)
+                          .count();
+        r.link = st.opts.link;
+        r.version = CELLSHARD_VERSION;
+        r.tls = st.opts.net.tls.requested();
+        r.guard_rejected = guard_rejected_total();
         return r;
       },
   };
@@ -424,6 +441,12 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
 bool is_dir(const std::string& p) {
   struct stat sb;
   return ::stat(p.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/// 127.0.0.0/8, ::1 and "localhost": the addresses a plain daemon may use.
+bool is_loopback(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  return host.rfind("127.", 0) == 0;
 }
 
 }  // namespace
@@ -439,6 +462,7 @@ struct node_daemon::impl {
   caf::actor daemon;
   std::string host;
   uint16_t port = 0;
+  std::unique_ptr<guard_listener> guard;
   bool stopped = false;
 };
 
@@ -452,6 +476,10 @@ result<std::unique_ptr<node_daemon>> node_daemon::start(const daemon_options& o)
   if (o.models_dir.empty()) return make_error("--models: no folder given");
   if (!is_dir(o.models_dir)) return make_error("--models: " + o.models_dir + " is not a folder");
   if (o.host.empty()) return make_error("--listen: empty host");
+  if (!o.net.tls.requested() && !o.insecure && !is_loopback(o.host))
+    return make_error("--listen " + o.host + ": a daemon without TLS listens on loopback only (127.0.0.1, ::1, "
+                      "localhost); give --tls-cert/--tls-key/--tls-ca (see `cellshard certs`), or --insecure "
+                      "to accept unauthenticated plain connections on " + o.host);
   if (!o.link.empty()) {
     auto l = topologies::parse_link(o.link);
     if (!l) return make_error("--link: " + l.message());
@@ -472,14 +500,22 @@ result<std::unique_ptr<node_daemon>> node_daemon::start(const daemon_options& o)
   const bool tls = o.net.tls.requested();
   im->host = o.host;
   im->daemon = spawn_daemon(*im->sys, o);
-  caf::expected<uint16_t> port = tls ? caf::openssl::publish(im->daemon, o.port, o.host.c_str(), true)
-                                     : im->sys->middleman().publish(im->daemon, o.port, o.host.c_str(), true);
-  if (!port) {
+  // CAF listens on loopback at a port of its own; only the guard connects
+  // there, after a peer proved to be one of ours (actors/guard.hpp).
+  caf::expected<uint16_t> inner = tls ? caf::openssl::publish(im->daemon, 0, "127.0.0.1", true)
+                                      : im->sys->middleman().publish(im->daemon, 0, "127.0.0.1", true);
+  if (!inner) {
     caf::anon_send_exit(im->daemon, caf::exit_reason::user_shutdown);
     return make_error("--listen " + o.host + ":" + std::to_string(o.port) + ": cannot listen: " +
-                      im->sys->render(port.error()));
+                      im->sys->render(inner.error()));
   }
-  im->port = *port;
+  auto guard = guard_listener::start(o.host, o.port, *inner, o.guard);
+  if (!guard) {
+    caf::anon_send_exit(im->daemon, caf::exit_reason::user_shutdown);
+    return make_error(guard.message() + ": cannot listen");
+  }
+  im->guard = std::move(*guard);
+  im->port = im->guard->port();
   return std::unique_ptr<node_daemon>(new node_daemon(std::move(im)));
 }
 
@@ -493,6 +529,7 @@ void node_daemon::stop() {
   impl_->stopped = true;
   if (impl_->daemon) caf::anon_send_exit(impl_->daemon, caf::exit_reason::user_shutdown);
   impl_->daemon = nullptr;
+  impl_->guard.reset();  // no new connections; relayed ones end with CAF's
   impl_->sys.reset();
 }
 

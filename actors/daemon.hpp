@@ -27,6 +27,8 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
+#include "actors/guard.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -37,6 +39,11 @@ namespace cellshard::actors {
 
 struct daemon_options {
   std::string host = "127.0.0.1";  // address to listen on ("0.0.0.0": every interface)
+  /// Without TLS a daemon listens on loopback only, unless this is set
+  /// (`node --insecure`): plain CAF traffic is unauthenticated.
+  bool insecure = false;
+  /// The pre-handshake guard in front of CAF (actors/guard.hpp).
+  guard_options guard;
   uint16_t port = 0;               // 0: the OS picks a free port
   std::string profile = "host";    // topologies profile name: host | ps3 | ps3-slim | rpi5
   uint64_t memory = 0;             // budget override in bytes (0: the profile's)

@@ -23,6 +23,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
+#include <caf/timespan.hpp>
 #include <caf/meta/type_name.hpp>
 
 #include <cstdint>
@@ -38,6 +39,16 @@ using close_atom = caf::atom_constant<caf::atom("cs_close")>;      // free a ses
 using cancel_atom = caf::atom_constant<caf::atom("cs_cancel")>;    // cancel a session
 using timeout_atom = caf::atom_constant<caf::atom("cs_tmo")>;      // a step's deadline passed
 using wire_atom = caf::atom_constant<caf::atom("cs_wire")>;        // tell a shard its neighbours
+/// Liveness (issue #20): (alive) -> (alive, int32 node), answered by a shard
+/// even while it computes; a frozen or silenced shard never answers.
+using alive_atom = caf::atom_constant<caf::atom("cs_alive")>;
+/// Indirect probe: (probe_peer, actor target, timespan) -> bool: the receiver
+/// asks `target` (alive) itself and says whether it answered in time.
+using probe_peer_atom = caf::atom_constant<caf::atom("cs_ppeer")>;
+/// Step probe: (step_query, uint64 session, uint32 epoch, int32 pos0) ->
+/// (int32 working, int64 due_ns): 1 if the shard works on that step now, and
+/// when its last payload of the session arrives (steady ns, 0: none).
+using step_query_atom = caf::atom_constant<caf::atom("cs_stepq")>;
 
 // -- payloads --------------------------------------------------------------------
 /// A float vector with a byte-order-neutral, checksummed raw encoding.
@@ -459,11 +470,18 @@ struct node_report {
   int32_t shards = 0;
   int32_t clients = 0;        // front ends with shards here
   int32_t pid = 0;            // the daemon's process id (for signals from tools on the same host)
+  // `cellshard status` (issue #20):
+  int32_t sessions = 0;       // sessions with a KV cache on this node, over all its shards
+  int64_t uptime_ms = 0;      // since the daemon started
+  std::string link;           // its shaped links "BANDWIDTH:LATENCY" ("" = unshaped)
+  std::string version;        // cellshard version of the daemon
+  bool tls = false;           // listening with mutual TLS
+  uint64_t guard_rejected = 0;  // connections closed by the pre-handshake guard (bad preamble or deadline)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.profile, x.budget_bytes, x.used_bytes,
-           x.shards, x.clients, x.pid);
+           x.shards, x.clients, x.pid, x.sessions, x.uptime_ms, x.link, x.version, x.tls, x.guard_rejected);
 }
 
 }  // namespace cellshard::actors

@@ -20,6 +20,7 @@ struct node_state {
   std::string profile = "host";
   uint64_t budget_bytes = 0;  // 0 = unlimited
   std::atomic<uint64_t> used_bytes{0};
+  std::atomic<int32_t> sessions{0};  // per-session KV caches held by its shards
   /// The node's outgoing links (unshaped by default).
   std::shared_ptr<link_shaper> shaper = std::make_shared<link_shaper>();
 

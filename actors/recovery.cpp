@@ -20,6 +20,7 @@ using clock_type = std::chrono::steady_clock;
 using join_atom = caf::atom_constant<caf::atom("cs_join")>;
 using leave_atom = caf::atom_constant<caf::atom("cs_leave")>;
 using recovered_atom = caf::atom_constant<caf::atom("cs_recov")>;
+using reprobe_atom = caf::atom_constant<caf::atom("cs_reprobe")>;
 
 int64_t now_ns() { return clock_type::now().time_since_epoch().count(); }
 
@@ -31,6 +32,9 @@ struct coordinator_state {
   std::set<int> batch;
   std::map<uint64_t, caf::actor_addr> unconfirmed;  // confirmation id -> shard asked
   uint64_t next_confirmation = 0;
+  // Suspicion is not death: probe rounds before any restart (issue #20).
+  supervision::suspicion_table suspicions;
+  std::map<int, double> suspect_phi;  // phi at the detector's verdict, for the error text
   static inline const char* name = "cellshard.coordinator";
 };
 
@@ -175,6 +179,122 @@ void announce_restart(coordinator_actor* self, int i, const caf::actor& handle) 
   }
 }
 
+/// Every probe of a suspected node failed: take its shards away from it.
+void declare_silent(coordinator_actor* self, int node, double phi) {
+  auto& rt = *self->state.rt;
+  std::vector<std::tuple<caf::actor, std::string, caf::actor>> victims;  // supervisor, child, incarnation
+  {
+    std::lock_guard<std::mutex> lock(rt.mu);
+    if (rt.unhealthy.count(node)) return;
+    rt.unhealthy.insert(node);
+    for (auto it = rt.spare_nodes.begin(); it != rt.spare_nodes.end(); ++it)
+      if (*it == node) {  // a spare went quiet: just stop offering it
+        rt.spare_nodes.erase(it);
+        break;
+      }
+    const int64_t now = now_ns();
+    for (size_t i = 0; i < rt.node_of.size(); ++i)
+      if (rt.node_of[i] == node) {
+        decide_locked(rt, static_cast<int>(i), "node-silent", now);
+        const int s = stage_of(rt, static_cast<int>(i));
+        caf::actor sup = s < static_cast<int>(rt.stage_supervisors.size()) ? rt.stage_supervisors[s] : caf::actor{};
+        victims.emplace_back(sup, "shard-" + std::to_string(i), rt.actor_of[i]);
+      }
+  }
+  // The stage supervisor restarts them now (the factory avoids this
+  // node); a proxy's own down_msg would wait for the connection timeout.
+  for (auto& v : victims) {
+    if (std::get<0>(v))
+      self->send(std::get<0>(v), supervision::sv_exited_atom::value, std::get<1>(v), std::get<2>(v),
+                 supervision::make_error(supervision::sv_errc::node_silent,
+                                         "node " + std::to_string(node) + ": heartbeats stopped (phi " +
+                                             std::to_string(phi).substr(0, 5) + ")"));
+    else if (std::get<2>(v))
+      self->send_exit(std::get<2>(v), caf::exit_reason::kill);
+  }
+}
+
+/// The node's suspicion changed (cleared or ended): publish the cleared list.
+void publish_suspicions(coordinator_actor* self) {
+  auto& st = self->state;
+  std::lock_guard<std::mutex> lock(st.rt->mu);
+  const auto& recs = st.suspicions.cleared();
+  for (size_t k = st.rt->suspicions.size(); k < recs.size(); ++k) {
+    suspicion_info s;
+    s.node = static_cast<int>(recs[k].peer);
+    s.at_ns = recs[k].at.time_since_epoch().count();
+    s.cleared_after_ms = recs[k].cleared_after_ms;
+    s.cleared_by = recs[k].cleared_by;
+    st.rt->suspicions.push_back(std::move(s));
+  }
+}
+
+void on_probe_answer(coordinator_actor* self, int node, uint64_t round, bool ok, const char* how) {
+  auto& st = self->state;
+  using verdict = supervision::suspicion_table::verdict;
+  switch (st.suspicions.answer(static_cast<uint64_t>(node), round, ok, self->clock().now(), how)) {
+    case verdict::cleared:
+      publish_suspicions(self);
+      // Heartbeats still missing: ask again later (a node that answers now
+      // but freezes afterwards is still found).
+      self->delayed_send(self, st.suspicions.config().reprobe_every, reprobe_atom::value,
+                         static_cast<int32_t>(node));
+      return;
+    case verdict::dead: {
+      const double phi = st.suspect_phi.count(node) ? st.suspect_phi[node] : 0.0;
+      // Forgotten: if it heartbeats again it may rejoin as a spare and be
+      // suspected afresh later.
+      st.suspicions.forget(static_cast<uint64_t>(node));
+      declare_silent(self, node, phi);
+      return;
+    }
+    case verdict::pending:
+    case verdict::stale: return;
+  }
+}
+
+/// One SWIM probe round for a suspected node: a direct liveness request to
+/// one of its shards (they answer even mid-step: compute runs on their
+/// worker) or, if it holds none, to its heartbeat sender; and an indirect one
+/// through a shard on another healthy node. Any answer clears the node.
+void probe_round(coordinator_actor* self, int node) {
+  auto& st = self->state;
+  caf::actor target, helper, sender;
+  {
+    std::lock_guard<std::mutex> lock(st.rt->mu);
+    auto& rt = *st.rt;
+    for (size_t i = 0; i < rt.node_of.size(); ++i) {
+      if (!rt.actor_of[i]) continue;
+      if (rt.node_of[i] == node && !target) target = rt.actor_of[i];
+      if (rt.node_of[i] != node && !rt.unhealthy.count(rt.node_of[i]) && !helper) helper = rt.actor_of[i];
+    }
+    if (!target && node >= 0 && node < static_cast<int>(rt.heartbeats.size())) sender = rt.heartbeats[node];
+  }
+  const auto timeout = std::chrono::duration_cast<caf::timespan>(st.suspicions.config().probe_timeout);
+  const int probes = (target || sender ? 1 : 0) + (target && helper ? 1 : 0);
+  if (probes == 0) {
+    on_probe_answer(self, node, st.suspicions.start_round(static_cast<uint64_t>(node), 1), false, "direct");
+    return;
+  }
+  const uint64_t round = st.suspicions.start_round(static_cast<uint64_t>(node), probes);
+  if (round == 0) return;
+  if (target) {
+    self->request(target, timeout, alive_atom::value)
+        .then([self, node, round](alive_atom, int32_t) { on_probe_answer(self, node, round, true, "direct"); },
+              [self, node, round](caf::error&) { on_probe_answer(self, node, round, false, "direct"); });
+    if (helper)
+      // The helper's own request times out after `timeout`; ours waits a
+      // little longer for its verdict.
+      self->request(helper, timeout + timeout / 2, probe_peer_atom::value, target, timeout)
+          .then([self, node, round](bool ok) { on_probe_answer(self, node, round, ok, "indirect"); },
+                [self, node, round](caf::error&) { on_probe_answer(self, node, round, false, "indirect"); });
+  } else {
+    self->request(sender, timeout, supervision::hb_probe_atom::value)
+        .then([self, node, round](supervision::hb_probe_atom) { on_probe_answer(self, node, round, true, "direct"); },
+              [self, node, round](caf::error&) { on_probe_answer(self, node, round, false, "direct"); });
+  }
+}
+
 caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_shared> rt) {
   self->state.rt = std::move(rt);
   return {
@@ -226,45 +346,27 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
           }
         }
       },
-      // Heartbeats of a node stopped: take its shards away from it.
+      // Heartbeats of a node stopped: probe it before anything else.
       [=](supervision::hb_suspect_atom, supervision::suspect_event& e) {
-        auto& rt = *self->state.rt;
-        std::vector<std::tuple<caf::actor, std::string, caf::actor>> victims;  // supervisor, child, incarnation
+        auto& st = self->state;
         const int node = static_cast<int>(e.peer);
         {
-          std::lock_guard<std::mutex> lock(rt.mu);
-          if (rt.unhealthy.count(node)) return;
-          rt.unhealthy.insert(node);
-          for (auto it = rt.spare_nodes.begin(); it != rt.spare_nodes.end(); ++it)
-            if (*it == node) {  // a spare went quiet: just stop offering it
-              rt.spare_nodes.erase(it);
-              break;
-            }
-          const int64_t now = now_ns();
-          for (size_t i = 0; i < rt.node_of.size(); ++i)
-            if (rt.node_of[i] == node) {
-              decide_locked(rt, static_cast<int>(i), "node-silent", now);
-              const int s = stage_of(rt, static_cast<int>(i));
-              caf::actor sup = s < static_cast<int>(rt.stage_supervisors.size()) ? rt.stage_supervisors[s] : caf::actor{};
-              victims.emplace_back(sup, "shard-" + std::to_string(i), rt.actor_of[i]);
-            }
+          std::lock_guard<std::mutex> lock(st.rt->mu);
+          if (st.rt->unhealthy.count(node)) return;
         }
-        // The stage supervisor restarts them now (the factory avoids this
-        // node); a proxy's own down_msg would wait for the connection timeout.
-        for (auto& v : victims) {
-          if (std::get<0>(v))
-            self->send(std::get<0>(v), supervision::sv_exited_atom::value, std::get<1>(v), std::get<2>(v),
-                       supervision::make_error(supervision::sv_errc::node_silent,
-                                               "node " + std::to_string(node) + ": heartbeats stopped (phi " +
-                                                   std::to_string(e.phi).substr(0, 5) + ")"));
-          else if (std::get<2>(v))
-            self->send_exit(std::get<2>(v), caf::exit_reason::kill);
-        }
+        if (!st.suspicions.suspect(e.peer, self->clock().now())) return;
+        st.suspect_phi[node] = e.phi;
+        probe_round(self, node);
+      },
+      [=](reprobe_atom, int32_t node) {
+        if (self->state.suspicions.needs_reprobe(static_cast<uint64_t>(node))) probe_round(self, node);
       },
       // A suspected node heartbeats again (a daemon thawed before its
       // connection timed out): its shards were moved and told to stop; if it
       // holds none and is reachable, it rejoins as a spare.
       [=](supervision::hb_alive_atom, uint64_t peer) {
+        self->state.suspicions.alive(peer, self->clock().now());
+        publish_suspicions(self);
         auto& rt = *self->state.rt;
         std::lock_guard<std::mutex> lock(rt.mu);
         const int node = static_cast<int>(peer);
@@ -348,7 +450,8 @@ int choose_node(runtime_shared& rt, int idx, const std::set<int>& tried, std::st
   }
   if (best < 0)
     why = "no spare node left for placement index " + std::to_string(idx) + " (node " + std::to_string(own) +
-          " is gone), and no surviving node has room for it (needs " + topologies::format_bytes(need) +
+          (rt.host->reachable(own) ? " answered no liveness probe" : " is unreachable") +
+          "), and no surviving node has room for it (needs " + topologies::format_bytes(need) +
           "): " + (room.empty() ? "no healthy node left" : room);
   return best;
 }

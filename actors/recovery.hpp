@@ -35,6 +35,7 @@
 #include "actors/messages.hpp"
 #include "supervision/fault_plan.hpp"
 #include "supervision/phi_accrual.hpp"
+#include "supervision/suspicion.hpp"
 #include "topologies/placement.hpp"
 
 #include <caf/actor.hpp>
@@ -83,7 +84,17 @@ struct recovery_options {
   std::chrono::milliseconds restart_period{10000}; // ... per T
   supervision::phi_accrual_config detector;        // heartbeat detector (defaults: issue #6)
   std::chrono::milliseconds heartbeat{100};
+  supervision::suspicion_config suspicion;          // probes before a restart (issue #20)
   std::shared_ptr<supervision::fault_injector> faults;  // may be null
+};
+
+/// A node the heartbeat detector suspected that then answered a probe (or
+/// heartbeated again): not restarted (CLI.md `suspicions` of `run --json`).
+struct suspicion_info {
+  int node = -1;
+  int64_t at_ns = 0;            // steady_clock ns when it was suspected (as fault_record's *_ns)
+  double cleared_after_ms = 0;  // suspected -> first answer
+  std::string cleared_by;       // direct | indirect | heartbeat
 };
 
 /// State shared by the cluster, the coordinator and the shard factories.
@@ -104,6 +115,7 @@ struct runtime_shared {
   caf::actor coordinator;
   std::string last_error;               // why the last factory call failed
   std::vector<fault_record> faults;
+  std::vector<suspicion_info> suspicions;  // cleared suspicions (the coordinator's table)
   bool failed = false;
   std::string failure;
 };

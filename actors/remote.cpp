@@ -1,5 +1,7 @@
 #include "actors/remote.hpp"
 
+#include "actors/guard.hpp"
+
 #include "actors/messages.hpp"
 #include "topologies/profile.hpp"
 
@@ -200,8 +202,16 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
     while (!todo.empty()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now());
       if (left.count() < 1) left = std::chrono::milliseconds(1);
+      // Through the guard dialer (actors/guard.hpp): CAF talks to a loopback
+      // relay that first exchanges cellshard's preamble with the daemon.
+      std::vector<uint16_t> local(n, 0);
+      for (size_t i : todo) {
+        auto p = guarded_port(entries_[i].host, entries_[i].port);
+        if (p) local[i] = *p;
+        else errs[i] = p.message();
+      }
       auto send = [&](size_t i) {
-        return self->request(mm, left, caf::connect_atom::value, entries_[i].host, entries_[i].port);
+        return self->request(mm, left, caf::connect_atom::value, std::string("127.0.0.1"), local[i]);
       };
       std::vector<decltype(send(0))> pending;
       for (size_t i : todo) pending.push_back(send(i));
@@ -216,10 +226,12 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
             [&](caf::error& e) {
               const bool stalled = e.category() == caf::atom("system") &&
                                    static_cast<caf::sec>(e.code()) == caf::sec::connection_timeout;
-              if (stalled && ++attempts[i] < 5 && clk::now() < until) again.push_back(i);
+              const std::string guard = dial_error(entries_[i].host, entries_[i].port);
+              if (stalled && guard.empty() && ++attempts[i] < 5 && clk::now() < until) again.push_back(i);
               else
                 errs[i] = std::string("cannot connect") + (tls ? " (TLS)" : "") + ", deadline " +
-                          std::to_string(opts_.connect_timeout.count()) + " ms: " + describe_connect_error(sys, e);
+                          std::to_string(opts_.connect_timeout.count()) + " ms: " +
+                          (guard.empty() ? describe_connect_error(sys, e) : guard);
             });
       }
       todo = std::move(again);

@@ -35,6 +35,8 @@ struct session_state {
   uint64_t step_seq = 0;  // identifies the deadline of the step in flight
   int retries_left = 0;
   double ewma_step_ms = 0;
+  double compute_ms_per_position = 0;  // measured (critical path), moving average
+  bool probing = false;                // a step probe is out
   clock_type::time_point t0, last, first, step_sent;
   bool have_first = false;
   int64_t compute_ns = 0;
@@ -92,14 +94,19 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
   self->quit();
 }
 
-/// The deadline of the step in flight. Decode: 10x the moving average of
-/// recent steps, at least step_timeout_min. A prefill (or a first step, with
-/// no average yet) has no estimate: it starts at step_timeout_min. Each
-/// re-send of the same step doubles the deadline, up to step_timeout, so a
-/// lost message costs ~2 s, and a step that is merely long still gets its
-/// time (2, 4, 8, 16, then 30 s with the defaults).
+/// The deadline of the step in flight: 3 x its expected time (measured
+/// compute per position x positions, plus the links' transfer time for its
+/// bytes), a decode step also at least 10 x the moving average of recent
+/// steps; never below step_timeout_min. Each re-send of the same step
+/// doubles it; never above step_timeout. A step that is merely long does not
+/// depend on this estimate: when the deadline passes, a probe that finds it
+/// in progress extends it (see probe_step).
 std::chrono::milliseconds deadline_of(const session_state& st, bool prefill) {
   std::chrono::milliseconds d = st.spec.step_timeout_min;
+  const int n = std::max<int>(1, static_cast<int>(st.inflight.size()));
+  double expected = st.compute_ms_per_position * n;
+  if (st.spec.expected_transfer_ms) expected += st.spec.expected_transfer_ms(n);
+  d = std::max(d, std::chrono::milliseconds(static_cast<int64_t>(3 * expected)));
   if (!prefill && st.ewma_step_ms > 0)
     d = std::max(d, std::chrono::milliseconds(static_cast<int64_t>(10 * st.ewma_step_ms)));
   const int resent = std::max(0, st.spec.max_retries - st.retries_left);
@@ -154,6 +161,67 @@ void emit(session_actor* self, int next) {
 }
 
 void recover(session_actor* self);
+void retry_step(session_actor* self, const std::string& why);
+
+/// The deadline of step `seq` passed: ask every shard whether it works on
+/// the step and when its last payload arrives. In progress (someone
+/// computing, or a payload still crossing a link): wait another deadline --
+/// a re-send would only start the same work again -- as long as the whole
+/// wait stays under max_wait_factor x step_timeout. Otherwise -- a shard
+/// that does not answer, or nobody has the step (a message was lost) --
+/// re-send it.
+void probe_step(session_actor* self, uint64_t seq) {
+  auto& st = self->state;
+  if (st.probing) return;
+  st.probing = true;
+  struct tally {
+    int pending = 0;
+    bool working = false;
+    int64_t due = 0;
+    std::string silent;  // shards that did not answer
+  };
+  auto t = std::make_shared<tally>();
+  const uint32_t epoch = st.epoch;
+  const int32_t pos0 = st.pos;
+  auto decide = [self, seq, t] {
+    auto& st = self->state;
+    st.probing = false;
+    if (st.done || st.recovering || seq != st.step_seq) return;  // the step ended meanwhile
+    const auto now = clock_type::now();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - st.step_sent);
+    const bool in_transit = t->due > now.time_since_epoch().count();
+    const auto limit = st.spec.step_timeout * st.spec.max_wait_factor;
+    if (t->silent.empty() && (t->working || in_transit) && waited < limit) {
+      ++st.out.extensions;
+      self->delayed_send(self, std::min(deadline_of(st, st.inflight.size() > 1), limit - waited),
+                         timeout_atom::value, seq);
+      return;
+    }
+    std::string why = "no logits for position " + std::to_string(st.pos) + " within " +
+                      std::to_string(waited.count()) + " ms (";
+    if (!t->silent.empty()) why += "no answer to the step probe from placement index " + t->silent + ")";
+    else if (t->working || in_transit)
+      why += "still in progress after " + std::to_string(st.spec.max_wait_factor) + " x --step-timeout-max)";
+    else why += "lost: no shard works on the step and nothing is in transit)";
+    retry_step(self, why);
+  };
+  for (size_t i = 0; i < st.spec.shards.size(); ++i) {
+    if (!st.spec.shards[i]) continue;
+    ++t->pending;
+    self->request(st.spec.shards[i], st.spec.probe_timeout, step_query_atom::value, st.spec.id, epoch, pos0)
+        .then(
+            [t, decide](int32_t working, int64_t due) {
+              t->working = t->working || working != 0;
+              t->due = std::max(t->due, due);
+              if (--t->pending == 0) decide();
+            },
+            [t, decide, i](caf::error&) {
+              t->silent += (t->silent.empty() ? "" : ", ") + std::to_string(i);
+              if (--t->pending == 0) decide();
+            });
+  }
+  if (t->pending == 0) decide();
+}
 
 /// Re-sends the step in flight in a new epoch (a payload was corrupted or a
 /// message lost); past `max_retries` consecutive re-sends the session ends.
@@ -356,6 +424,11 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         }
         const double step_ms = ms_since(st.step_sent);
         if (m.id.count == 1) st.ewma_step_ms = st.ewma_step_ms <= 0 ? step_ms : 0.8 * st.ewma_step_ms + 0.2 * step_ms;
+        if (m.compute_ns > 0) {
+          const double per = m.compute_ns / 1e6 / m.id.count;
+          st.compute_ms_per_position =
+              st.compute_ms_per_position <= 0 ? per : 0.8 * st.compute_ms_per_position + 0.2 * per;
+        }
         st.compute_ns += m.compute_ns;
         st.pos += m.id.count;
         st.retries_left = st.spec.max_retries;
@@ -439,8 +512,9 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
           return;
         }
         if (seq != st.step_seq) return;  // a past step's deadline
-        // A lost message or a fault not (yet) detected: re-send the step in
-        // a new epoch; anything of the old one is dropped on arrival.
+        // A long step, a slow link, a lost message or a fault not (yet)
+        // detected: the probe tells them apart; a re-send (new epoch, the
+        // old one's messages dropped on arrival) only for the last two.
         const auto waited = deadline_of(st, st.inflight.size() > 1);
         if (st.recovering) {
           finish(self, false,
@@ -450,8 +524,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
                            std::to_string(waited.count()) + " ms");
           return;
         }
-        retry_step(self, "no logits for position " + std::to_string(st.pos) + " within " +
-                             std::to_string(waited.count()) + " ms (deadline of the step)");
+        probe_step(self, seq);
       },
       [=](cancel_atom) { finish(self, false, "cancelled", true); },
   };

@@ -42,7 +42,8 @@ struct session_outcome {
   std::string error;                // what failed and where, when !ok
   double compute_ms = 0;            // critical-path kernel time over all steps
   std::vector<recovery_record> recoveries;
-  int retries = 0;                  // steps re-sent after their deadline passed
+  int retries = 0;                  // steps re-sent after their deadline passed and a failed probe
+  int extensions = 0;               // deadlines extended because a probe found the step in progress
 };
 
 struct session_spec {
@@ -55,12 +56,26 @@ struct session_spec {
   std::vector<int> stage_of;        // stage of each placement index
   std::vector<std::vector<int>> stages;  // placement indices of each stage, rank order
   caf::actor coordinator;           // restart notifications (may be invalid)
-  /// Deadline of the prefill step, and the ceiling of every step's deadline.
+  /// Ceiling of every step's deadline (`--step-timeout-max`), and of the
+  /// total wait for one step while probes say it is still being worked on.
   std::chrono::milliseconds step_timeout{30000};
-  /// Floor of a decode step's deadline; the deadline adapts to observed step
-  /// times (10 x the moving average, within [floor, step_timeout]).
+  /// Floor of every step's deadline (`--step-timeout-min`). Between floor and
+  /// ceiling the deadline is 3 x the expected time of the step: measured
+  /// compute per position x positions + expected_transfer_ms(positions); a
+  /// decode step also at least 10 x the moving average of step times.
   std::chrono::milliseconds step_timeout_min{2000};
-  int max_retries = 4;              // consecutive re-sends of a step whose deadline passed (or whose
+  /// Time on the critical path's links for a step of n positions, in ms
+  /// (bytes over the shaped bandwidth plus latencies; cluster.cpp). Unset: 0.
+  std::function<double(int positions)> expected_transfer_ms;
+  /// When a deadline passes the session probes every shard (step_query):
+  /// a shard that works on the step, or a payload still in transit, extends
+  /// the deadline; a re-send happens only when the probe fails (a shard does
+  /// not answer within probe_timeout, or nobody has the step: it was lost).
+  std::chrono::milliseconds probe_timeout{1000};
+  /// A step that probes find in progress is waited for at most this many
+  /// times step_timeout in all (a bound, not a deadline: 10 min by default).
+  int max_wait_factor = 20;
+  int max_retries = 4;              // consecutive re-sends of a step after failed probes (or whose
                                     // payload arrived corrupt): enough for a drop of a few messages
   /// Journal (issue #7): when set, every token is appended to this file as
   /// it comes (one JSON line, flushed) with the sampler's RNG state after it,

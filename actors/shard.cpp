@@ -1,5 +1,6 @@
 #include "actors/shard.hpp"
 
+#include "actors/worker.hpp"
 #include "supervision/fault_hooks.hpp"
 
 #include <caf/all.hpp>
@@ -12,10 +13,41 @@
 #include <tuple>
 #include <unordered_map>
 
+namespace cellshard::actors::shard_detail {
+
+/// Worker -> shard: the own partial of (layer, phase) of a step, computed
+/// off the scheduler threads (actors/worker.hpp). `x` is the step's residual
+/// stream, lent to the job and given back. In process only.
+struct computed {
+  uint64_t session = 0;
+  uint32_t epoch = 0;
+  int32_t pos0 = 0;
+  int layer = 0, phase = 0;
+  std::vector<float> x;
+  blob out;
+  int64_t ns = 0;
+};
+
+/// Worker -> shard: the logits of a step's last position.
+struct classified {
+  step_id id;
+  blob logits;
+  int64_t ns = 0;
+  int64_t compute_ns = 0;  // the step's critical-path compute before the classifier
+  caf::actor reply_to;
+};
+
+}  // namespace cellshard::actors::shard_detail
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::shard_detail::computed)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::shard_detail::classified)
+
 namespace cellshard::actors {
 
 namespace {
 
+using shard_detail::classified;
+using shard_detail::computed;
 using clock_type = std::chrono::steady_clock;
 
 int64_t since_ns(clock_type::time_point t0) {
@@ -25,8 +57,13 @@ int64_t since_ns(clock_type::time_point t0) {
 /// Per-session state of a shard: the KV cache, checkpoint progress, the step
 /// in flight and (rank 0 with a next stage) the replay log.
 struct session_state {
-  model::kv_cache kv;
-  std::unique_ptr<model::scratch> s;
+  // Shared with the compute job in flight, which may outlive this state (a
+  // session closed or a shard killed mid-step).
+  std::shared_ptr<model::kv_cache> kv;
+  std::shared_ptr<model::scratch> s;
+  bool computing = false;      // a job of this session is on the worker (it holds x)
+  // Work that must not overlap the job in flight (a KV restore): run when it returns.
+  std::vector<std::function<void()>> after_job;
   uint64_t charged = 0;
   uint32_t epoch = 0;
   int32_t ckpt_end = 0;        // positions [0, ckpt_end) are checkpointed at the session
@@ -69,6 +106,11 @@ struct shard_state {
   int64_t compute_ns = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
+  std::map<uint64_t, int64_t> last_due;    // by session: arrival (steady ns) of its last payload sent
+  std::set<std::pair<uint64_t, int32_t>> classifying;  // (session, pos0) of classifier jobs in flight
+  // Kernels run here, never on a CAF thread. Declared last: destroyed (and
+  // joined, cancelling the job in flight) first.
+  std::unique_ptr<compute_worker> worker;
   static inline const char* name = "cellshard.shard";
   // A shard that ends with sessions open (crashed, killed, taken away from a
   // silent node, or its front end gone) gives their KV caches back to the
@@ -79,7 +121,10 @@ struct shard_state {
   shard_state& operator=(const shard_state&) = delete;
   ~shard_state() {
     if (init.node)
-      for (auto& kv : sessions) init.node->release(kv.second.charged);
+      for (auto& kv : sessions) {
+        init.node->release(kv.second.charged);
+        --init.node->sessions;
+      }
   }
 };
 
@@ -113,6 +158,10 @@ blob* payload_of(activation& m) { return &m.x; }
 blob* payload_of(partial_sum& m) { return &m.data; }
 blob* payload_of(logits_msg& m) { return &m.logits; }
 blob* payload_of(kv_delta& m) { return &m.rows; }
+uint64_t session_of(const activation& m) { return m.id.session; }
+uint64_t session_of(const partial_sum& m) { return m.id.session; }
+uint64_t session_of(const logits_msg& m) { return m.id.session; }
+uint64_t session_of(const kv_delta& m) { return m.session; }
 
 /// Sends a data message over this node's link to `node`: counted, subject to
 /// the link faults (drop, corrupt) and delivered after the shaper's delay.
@@ -134,6 +183,11 @@ void deliver(shard_actor* self, const caf::actor& to, int32_t node, T msg) {
     corrupt_payload(*payload_of(msg));
   }
   const auto delay = st.init.node->shaper->schedule(node, bytes);
+  // When the last payload of this session reaches its receiver: a step
+  // probe (step_query) reports it, so a message still crossing a slow link
+  // is not taken for a lost one.
+  auto& due = st.last_due[session_of(msg)];
+  due = std::max<int64_t>(due, (clock_type::now() + delay).time_since_epoch().count());
   if (delay.count() > 0) self->delayed_send(to, delay, std::move(msg));
   else self->send(to, std::move(msg));
 }
@@ -181,10 +235,11 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
     return nullptr;
   }
   session_state& ss = st.sessions[id.session];
-  ss.kv = model::kv_cache(w.spec().n_layers(), w.cfg().seq_len, kv_dim);
-  ss.s = std::make_unique<model::scratch>(w);
+  ss.kv = std::make_shared<model::kv_cache>(w.spec().n_layers(), w.cfg().seq_len, kv_dim);
+  ss.s = std::make_shared<model::scratch>(w);
   ss.charged = need;
   ss.epoch = id.epoch;
+  ++st.init.node->sessions;
   return &ss;
 }
 
@@ -224,7 +279,7 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
     d.index = st.init.index;
     d.begin = ss.ckpt_end;
     d.end = end;
-    d.rows.data = ss.kv.rows(ss.ckpt_end, end);
+    d.rows.data = ss.kv->rows(ss.ckpt_end, end);
     deliver(self, ss.reply_to, front_end_node, std::move(d));
     ss.ckpt_end = end;
   }
@@ -243,17 +298,66 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
   }
   if (replay) return;
   if (w.spec().classifier) {
-    const auto t0 = clock_type::now();
-    float* last = ss.x.data() + static_cast<size_t>(ss.id.count - 1) * dim;
-    logits_msg m;
-    m.id = ss.id;
-    m.logits.data.resize(w.cfg().vocab_size);
-    model::classify(*st.init.backend, w, last, m.logits.data.data());
-    const int64_t ns = since_ns(t0);
-    st.compute_ns += ns;
-    m.compute_ns = ss.compute_ns + ns;
-    deliver(self, ss.reply_to, front_end_node, std::move(m));
+    // On the worker, after the step's last partial (FIFO): the classifier of
+    // a 32000-token vocabulary is a matvec as long as a layer.
+    const auto first = ss.x.begin() + static_cast<std::ptrdiff_t>(ss.id.count - 1) * dim;
+    std::vector<float> last(first, first + dim);
+    classified c;
+    c.id = ss.id;
+    st.classifying.insert({ss.id.session, ss.id.pos0});
+    c.compute_ns = ss.compute_ns;
+    c.reply_to = ss.reply_to;
+    auto weights = st.init.weights;
+    const kernels::backend* be = st.init.backend;
+    caf::actor_addr me = self->address();
+    st.worker->post([c = std::move(c), last = std::move(last), weights, be,
+                     me](const std::atomic<bool>& cancelled) mutable {
+      if (cancelled) return;
+      const auto t0 = clock_type::now();
+      c.logits.data.resize(weights->cfg().vocab_size);
+      model::classify(*be, *weights, last.data(), c.logits.data.data());
+      c.ns = since_ns(t0);
+      if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
+    });
   }
+}
+
+/// Posts the own partial of (ss.layer, ss.phase) to the worker; its result
+/// comes back as a `computed` message (handled by on_computed).
+void post_partial(shard_actor* self, uint64_t session, session_state& ss) {
+  auto& st = self->state;
+  ss.computing = true;
+  computed c;
+  c.session = session;
+  c.epoch = ss.id.epoch;
+  c.pos0 = ss.id.pos0;
+  c.layer = ss.layer;
+  c.phase = ss.phase;
+  c.x = std::move(ss.x);
+  const int count = ss.id.count;
+  auto weights = st.init.weights;
+  const kernels::backend* be = st.init.backend;
+  auto kv = ss.kv;
+  auto scr = ss.s;
+  caf::actor_addr me = self->address();
+  st.worker->post([c = std::move(c), count, weights, be, kv, scr,
+                   me](const std::atomic<bool>& cancelled) mutable {
+    const auto& w = *weights;
+    const int dim = w.cfg().dim;
+    const auto t0 = clock_type::now();
+    c.out.data.resize(static_cast<size_t>(count) * dim);
+    for (int i = 0; i < count; ++i) {
+      if (cancelled) return;  // the shard is going away
+      const float* xi = c.x.data() + static_cast<size_t>(i) * dim;
+      float* out = c.out.data.data() + static_cast<size_t>(i) * dim;
+      if (c.phase == 0)
+        model::attention_partial(*be, w, c.layer, xi, c.pos0 + i, *kv, *scr, out);
+      else
+        model::ffn_partial(*be, w, c.layer, xi, *scr, out);
+    }
+    c.ns = since_ns(t0);
+    if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
+  });
 }
 
 /// Runs the step of `ss` as far as it can: computes own partials, and adds
@@ -261,7 +365,6 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
 void advance(shard_actor* self, uint64_t session, session_state& ss) {
   auto& st = self->state;
   const auto& w = *st.init.weights;
-  const auto& be = *st.init.backend;
   const int dim = w.cfg().dim;
   const int T = st.init.group_size;
   const size_t n = static_cast<size_t>(ss.id.count) * dim;
@@ -270,29 +373,8 @@ void advance(shard_actor* self, uint64_t session, session_state& ss) {
     auto& parts = st.partials[key];
     if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
     if (!ss.own_done) {
-      const auto t0 = clock_type::now();
-      blob mine;
-      mine.data.resize(n);
-      for (int i = 0; i < ss.id.count; ++i) {
-        const float* xi = ss.x.data() + static_cast<size_t>(i) * dim;
-        float* out = mine.data.data() + static_cast<size_t>(i) * dim;
-        if (ss.phase == 0)
-          model::attention_partial(be, w, ss.layer, xi, ss.id.pos0 + i, ss.kv, *ss.s, out);
-        else
-          model::ffn_partial(be, w, ss.layer, xi, *ss.s, out);
-      }
-      const int64_t ns = since_ns(t0);
-      st.compute_ns += ns;
-      ss.compute_ns += ns;
-      ss.own_done = true;
-      if (T > 1) {
-        partial_sum p{ss.id, ss.layer, ss.phase, st.init.rank, mine};
-        for (int r = 0; r < T; ++r)
-          if (r != st.init.rank) {
-            deliver(self, st.wires.group[r], st.wires.group_nodes[r], p);
-          }
-      }
-      parts[st.init.rank] = std::move(mine);
+      if (!ss.computing) post_partial(self, session, ss);
+      return;  // on_computed continues
     }
     for (int r = 0; r < T; ++r)
       if (parts[r].data.size() != n) return;  // wait for rank r
@@ -320,11 +402,50 @@ void advance(shard_actor* self, uint64_t session, session_state& ss) {
   finish_stage(self, ss);
 }
 
+/// The worker finished an own partial: share it with the group and go on,
+/// unless the step was abandoned meanwhile (then the next queued one starts).
+void on_computed(shard_actor* self, computed& c) {
+  auto& st = self->state;
+  st.compute_ns += c.ns;
+  auto it = st.sessions.find(c.session);
+  if (it == st.sessions.end()) return;  // closed meanwhile
+  auto& ss = it->second;
+  ss.computing = false;
+  auto deferred = std::move(ss.after_job);
+  ss.after_job.clear();
+  for (auto& f : deferred) f();
+  const bool current = ss.busy && !ss.own_done && ss.id.epoch == c.epoch && ss.id.pos0 == c.pos0 &&
+                       ss.layer == c.layer && ss.phase == c.phase;
+  if (!current) {
+    if (!ss.busy && !ss.queued.empty()) {
+      activation next = std::move(ss.queued.front());
+      ss.queued.pop_front();
+      start_step(self, next);
+    }
+    return;
+  }
+  ss.x = std::move(c.x);
+  ss.compute_ns += c.ns;
+  ss.own_done = true;
+  const int T = st.init.group_size;
+  if (T > 1) {
+    partial_sum p{ss.id, ss.layer, ss.phase, st.init.rank, c.out};
+    for (int r = 0; r < T; ++r)
+      if (r != st.init.rank) deliver(self, st.wires.group[r], st.wires.group_nodes[r], p);
+  }
+  auto& parts = st.partials[std::make_tuple(c.session, ss.id.epoch, ss.id.pos0, ss.layer, ss.phase)];
+  if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
+  parts[st.init.rank] = std::move(c.out);
+  advance(self, c.session, ss);
+}
+
 void start_step(shard_actor* self, activation& a) {
   auto& st = self->state;
   session_state* ss = session_for(self, a.id, a.reply_to);
   if (!ss) return;
-  if (ss->busy && a.id.epoch == ss->id.epoch) {
+  // A job of this session on the worker holds x and writes the KV cache: a
+  // step of a newer epoch waits for it (it returns stale and starts this one).
+  if ((ss->busy && a.id.epoch == ss->id.epoch) || ss->computing) {
     ss->queued.push_back(std::move(a));
     return;
   }
@@ -353,12 +474,14 @@ void drop_session(shard_actor* self, uint64_t session) {
   auto it = st.sessions.find(session);
   if (it != st.sessions.end()) {
     st.init.node->release(it->second.charged);
+    --st.init.node->sessions;
     st.sessions.erase(it);
   }
   for (auto p = st.partials.begin(); p != st.partials.end();) {
     if (std::get<0>(p->first) == session) p = st.partials.erase(p);
     else ++p;
   }
+  st.last_due.erase(session);
   st.closed.insert(session);
   if (st.closed.size() > 4096) st.closed.erase(st.closed.begin());
 }
@@ -405,6 +528,7 @@ void hold_until_wired(shard_actor* self, caf::message m) {
 caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   auto& st0 = self->state;
   st0.init = std::move(init);
+  st0.worker = std::make_unique<compute_worker>("shard-" + std::to_string(st0.init.index));
   if (st0.init.faults) {
     st0.hooks = std::make_unique<supervision::fault_hooks>(
         self, static_cast<uint32_t>(st0.init.index), st0.init.faults);
@@ -506,18 +630,29 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         step_id id{r.session, r.epoch, 0, 0};
         session_state* ss = session_for(self, id, caf::actor{});
         if (!ss) return caf::make_error(caf::sec::invalid_argument, "no memory or session closed");
-        int32_t end = 0;
-        for (size_t i = 0; i < r.parts.size(); ++i) {
-          if (!r.parts[i].ok()) break;
-          const size_t want = static_cast<size_t>(r.ends[i] - r.begins[i]) * 2 *
-                              ss->kv.n_layers() * ss->kv.kv_dim();
-          if (r.parts[i].data.size() != want || r.begins[i] != end) break;
-          ss->kv.restore(r.begins[i], r.ends[i], r.parts[i].data);
-          end = r.ends[i];
-        }
-        ss->ckpt_end = end;
+        auto apply = [](session_state& ss, const restore_req& r) {
+          int32_t end = 0;
+          for (size_t i = 0; i < r.parts.size(); ++i) {
+            if (!r.parts[i].ok()) break;
+            const size_t want = static_cast<size_t>(r.ends[i] - r.begins[i]) * 2 *
+                                ss.kv->n_layers() * ss.kv->kv_dim();
+            if (r.parts[i].data.size() != want || r.begins[i] != end) break;
+            ss.kv->restore(r.begins[i], r.ends[i], r.parts[i].data);
+            end = r.ends[i];
+          }
+          ss.ckpt_end = end;
+          return end;
+        };
         (void)st;
-        return {restore_atom::value, end};
+        if (ss->computing) {
+          // The job in flight writes this KV cache: restore once it returns.
+          auto rp = self->make_response_promise<restore_atom, int32_t>();
+          ss->after_job.push_back([ss, apply, r = std::move(r), rp]() mutable {
+            rp.deliver(restore_atom::value, apply(*ss, r));
+          });
+          return rp;
+        }
+        return {restore_atom::value, apply(*ss, r)};
       },
       // Upstream of a restarted stage: re-send [from, to) from the replay log.
       [=](replay_atom, uint64_t session, uint32_t epoch, int32_t from, int32_t to,
@@ -603,6 +738,59 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         self->send(m.reply_to, r);
       },
       [=](close_atom, uint64_t session) { drop_session(self, session); },
+      [=](computed& c) { on_computed(self, c); },
+      [=](classified& c) {
+        auto& st = self->state;
+        st.compute_ns += c.ns;
+        st.classifying.erase({c.id.session, c.id.pos0});
+        if (st.closed.count(c.id.session) || silent()) return;
+        logits_msg m;
+        m.id = c.id;
+        m.logits = std::move(c.logits);
+        m.compute_ns = c.compute_ns + c.ns;
+        deliver(self, c.reply_to, front_end_node, std::move(m));
+      },
+      // Liveness (issue #20): answered at once, even while a step computes on
+      // the worker; a silenced or partitioned shard never answers (as a frozen
+      // node would not), so the asker's timeout decides.
+      [=](alive_atom) -> caf::result<alive_atom, int32_t> {
+        if (silent()) return self->make_response_promise<alive_atom, int32_t>();
+        return {alive_atom::value, self->state.init.node->index};
+      },
+      // Step probe (issue #20): is the step at (session, epoch, pos0) being
+      // worked on here (computing, queued, held back, classifying: 1) or not
+      // (0), and when does this shard's last payload of the session arrive
+      // (steady ns; 0 if none)? The session re-sends only when nobody works
+      // on its step and nothing is in transit.
+      [=](step_query_atom, uint64_t session, uint32_t epoch, int32_t pos0)
+          -> caf::result<int32_t, int64_t> {
+        if (silent()) return self->make_response_promise<int32_t, int64_t>();
+        auto& st = self->state;
+        int32_t working = 0;
+        auto it = st.sessions.find(session);
+        if (it != st.sessions.end()) {
+          const auto& ss = it->second;
+          auto same = [&](const step_id& id) { return id.epoch == epoch && id.pos0 == pos0; };
+          if (ss.busy && same(ss.id)) working = 1;
+          for (const auto& q : ss.queued)
+            if (same(q.id)) working = 1;
+        }
+        for (const auto& a : st.slowed)
+          if (a.id.session == session && a.id.epoch == epoch && a.id.pos0 == pos0) working = 1;
+        if (st.classifying.count({session, pos0})) working = 1;
+        auto d = st.last_due.find(session);
+        return {working, d == st.last_due.end() ? int64_t{0} : d->second};
+      },
+      // Indirect probe (SWIM): ask `target` for a liveness answer on behalf of
+      // the coordinator, over this node's own connection to it.
+      [=](probe_peer_atom, caf::actor target, caf::timespan timeout) -> caf::result<bool> {
+        if (silent()) return self->make_response_promise<bool>();
+        auto rp = self->make_response_promise<bool>();
+        self->request(target, timeout, alive_atom::value)
+            .then([rp](alive_atom, int32_t) mutable { rp.deliver(true); },
+                  [rp](caf::error&) mutable { rp.deliver(false); });
+        return rp;
+      },
       [=](stats_atom) {
         auto& st = self->state;
         shard_stats s;

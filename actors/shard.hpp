@@ -13,9 +13,14 @@
 // (replay_atom, session, epoch, from, to). Messages of an older epoch than the
 // newest seen for a session are dropped.
 //
-// Compute runs inside the actor's handler on a CAF worker thread (cap the
-// scheduler's and OpenBLAS's threads: cluster_options). Each session has at
-// most one step in flight at a shard; steps of different sessions interleave.
+// Compute never runs on CAF's threads: each shard posts its kernels (a layer
+// half over a step's positions, the classifier) to its own compute_worker
+// (actors/worker.hpp) and handles the result as a message, so it answers
+// liveness probes (alive_atom), step probes (step_query_atom), partial sums
+// and statistics while a step computes, and heartbeats never wait for
+// kernels (issues #15 and #20). Each session has at most one step in flight
+// at a shard; steps of different sessions interleave on the worker in
+// posting order.
 #pragma once
 
 #include "actors/messages.hpp"

@@ -114,6 +114,10 @@ caf::behavior heartbeat_sender(caf::event_based_actor* self, heartbeat_sender_co
                                                    : self->clock().now() + d;
       },
       [silent_until](hb_resume_atom) { *silent_until = caf::actor_clock::time_point::min(); },
+      [self, silent_until](hb_probe_atom) -> caf::result<hb_probe_atom> {
+        if (self->clock().now() < *silent_until) return self->make_response_promise<hb_probe_atom>();
+        return hb_probe_atom::value;
+      },
   };
 }
 

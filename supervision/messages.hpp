@@ -24,6 +24,7 @@
 //                                            and (hb_alive, uint64 peer) when a suspect recovers
 //   heartbeat sender: (hb_silence, timespan d) stop sending for d (d <= 0: for ever)
 //                (hb_resume)              send again from the next tick
+//                (hb_probe)               -> (hb_probe) unless silenced (liveness probe)
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,9 @@ using hb_silence_atom = caf::atom_constant<caf::atom("hb_silence")>;
 using hb_resume_atom = caf::atom_constant<caf::atom("hb_resume")>;
 using hb_suspect_atom = caf::atom_constant<caf::atom("hb_suspect")>;
 using hb_alive_atom = caf::atom_constant<caf::atom("hb_alive")>;
+/// Liveness probe of a heartbeat sender: (hb_probe) -> (hb_probe), not
+/// answered while the sender is silenced (it stands for a frozen node).
+using hb_probe_atom = caf::atom_constant<caf::atom("hb_probe")>;
 
 // -- fault hooks --------------------------------------------------------------
 /// Internal: a delayed reply of fault_hooks is due (payload: token).

@@ -55,7 +55,7 @@ struct chaos_opts {
   unsigned long long seed = 1;       // --seed: fault plans
   int faults_per_run = 1;
   int nodes = 4, spares = 2;
-  int step_timeout_min_ms = 500;
+  int step_timeout_min_ms = 500, step_timeout_max_ms = 30000;
   int deadline_s = 120;
   std::vector<std::string> kinds;    // kinds to draw from ("" = all available)
   // Node daemons.
@@ -204,6 +204,7 @@ int do_chaos(const chaos_opts& o) {
   base.profile = o.profile;
   base.link = o.link;
   base.step_timeout_min = std::chrono::milliseconds(o.step_timeout_min_ms);
+  base.step_timeout = std::chrono::milliseconds(o.step_timeout_max_ms);
   model::generation_params gp;
   gp.prompt = o.prompt;
   gp.steps = o.steps;
@@ -475,6 +476,11 @@ void add_chaos(CLI::App& app, int& status) {
   cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
   cmd->add_option("--link", o->link, "link override BANDWIDTH:LATENCY");
   cmd->add_option("--step-timeout-min", o->step_timeout_min_ms, "floor of a step's deadline (ms)")
+      ->check(CLI::Range(1, 24 * 3600 * 1000))
+      ->capture_default_str();
+  cmd->add_option("--step-timeout-max", o->step_timeout_max_ms,
+                  "cap of a step's deadline and of the whole wait for one step (ms)")
+      ->check(CLI::Range(1, 24 * 3600 * 1000))
       ->capture_default_str();
   cmd->add_option("--deadline", o->deadline_s, "a run that takes longer is hung (s)")->capture_default_str();
   cmd->add_option("--json", o->json_out, "summary JSON to FILE (- = stdout)");

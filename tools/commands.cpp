@@ -11,5 +11,7 @@ void add_commands(CLI::App& app, int& status) {
   add_bench_net(app, status);
   add_plan(app, status);
   add_quantize(app, status);
+  add_certs(app, status);
+  add_status(app, status);
 }
 }  // namespace cellshard::tools

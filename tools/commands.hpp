@@ -16,4 +16,6 @@ void add_node(CLI::App& app, int& status);
 void add_bench_net(CLI::App& app, int& status);
 void add_plan(CLI::App& app, int& status);
 void add_quantize(CLI::App& app, int& status);
+void add_certs(CLI::App& app, int& status);
+void add_status(CLI::App& app, int& status);
 }  // namespace cellshard::tools

@@ -23,7 +23,8 @@ struct node_opts {
   std::string listen, profile = "host", memory, link, models, tls_cert, tls_key, tls_ca;
   int caf_threads = 2, blas_threads = 1;
   int heartbeat_ms = 1000, connection_timeout_ms = 3000, peer_timeout_ms = 5000;
-  bool quiet = false;
+  bool quiet = false, insecure = false;
+  int handshake_ms = 2000, max_pending = 64;
 };
 
 int do_node(const node_opts& o) {
@@ -37,6 +38,9 @@ int do_node(const node_opts& o) {
   if (!hp) throw cli_error(hp.message(), 2);
   d.host = hp->host;
   d.port = hp->port;
+  d.insecure = o.insecure;
+  d.guard.handshake_deadline = std::chrono::milliseconds(o.handshake_ms);
+  d.guard.max_pending = static_cast<size_t>(o.max_pending);
   d.profile = o.profile;
   d.link = o.link;
   if (!o.memory.empty()) {
@@ -109,6 +113,16 @@ void add_node(CLI::App& app, int& status) {
   cmd->add_option("--peer-timeout-ms", o->peer_timeout_ms,
                   "deadline of a connection to another node")->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "log nothing to stderr but errors");
+  cmd->add_flag("--insecure", o->insecure,
+                "without TLS, allow a non-loopback --listen address (plain, unauthenticated connections)");
+  cmd->add_option("--handshake-ms", o->handshake_ms,
+                  "deadline for a new connection's guard preamble, before anything reaches CAF")
+      ->check(CLI::Range(10, 600000))
+      ->capture_default_str();
+  cmd->add_option("--max-pending", o->max_pending,
+                  "connections in the guard handshake at once; one more evicts the oldest")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   cmd->callback([o, &status] { status = do_node(*o); });
 }
 

@@ -51,6 +51,8 @@ struct run_opts {
   std::vector<std::string> fault_specs;
   std::string faults_file;
   int checkpoint_every = 16;
+  // Floor and cap of a step's deadline (issue #20), ms.
+  int step_timeout_min_ms = 2000, step_timeout_max_ms = 30000;
   // Weak nodes (issue #8).
   std::string link;
   int batch = 1;
@@ -333,6 +335,7 @@ int do_run(const run_opts& o) {
   nlohmann::json nodes_json = nlohmann::json::array(), links_json = nlohmann::json::array();
   double comm_share = 0.0;
   nlohmann::json faults_json = nlohmann::json::array();
+  nlohmann::json suspicions_json = nlohmann::json::array();
   result<model::generation_result> res = make_error("not run");
   if (!o.use_cluster) {
     auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt);
@@ -376,6 +379,12 @@ int do_run(const run_opts& o) {
       co.host = *h;
     }
     co.checkpoint_every = o.checkpoint_every;
+    if (o.step_timeout_min_ms > o.step_timeout_max_ms)
+      throw cli_error("--step-timeout-min (" + std::to_string(o.step_timeout_min_ms) +
+                          " ms) exceeds --step-timeout-max (" + std::to_string(o.step_timeout_max_ms) + " ms)",
+                      2);
+    co.step_timeout_min = std::chrono::milliseconds(o.step_timeout_min_ms);
+    co.step_timeout = std::chrono::milliseconds(o.step_timeout_max_ms);
     if (!o.link.empty()) {
       auto l = topologies::parse_link(o.link);
       if (!l) throw cli_error("--link: " + l.message(), 2);
@@ -454,6 +463,12 @@ int do_run(const run_opts& o) {
                              {"fired_ns", f.fired_ns},
                              {"decided_ns", f.decided_ns},
                              {"recovered_ns", f.recovered_ns}});
+    // Suspected but answered: no restart (at: steady-clock ns, as fired_ns).
+    for (const auto& s : (*c)->suspicions())
+      suspicions_json.push_back({{"node", s.node},
+                                 {"at", s.at_ns},
+                                 {"cleared_after_ms", s.cleared_after_ms},
+                                 {"cleared_by", s.cleared_by}});
     if (!out->ok) {
       // The tokens so far are printed already; finish the line, then the error.
       if (!o.quiet) std::fputs("\n", stdout);
@@ -467,6 +482,7 @@ int do_run(const run_opts& o) {
         j["ids"] = out->result.ids;
         j["duration_ms"] = out->result.duration_ms;
         j["faults"] = faults_json;
+        j["suspicions"] = suspicions_json;
         write_text(o.json_out, j.dump(2) + "\n");
       }
       throw cli_error(out->error);
@@ -573,6 +589,7 @@ int do_run(const run_opts& o) {
     j["nodes"] = nodes_json;
     j["links"] = links_json;
     j["faults"] = faults_json;
+    j["suspicions"] = suspicions_json;
     j["ids"] = res->ids;
     // When each generated token arrived, ms since the start (for timelines).
     nlohmann::json times = nlohmann::json::array();
@@ -634,6 +651,17 @@ void add_run(CLI::App& app, int& status) {
       cmd->add_option("--faults", o->faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
       cmd->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints (0: none)")
           ->check(CLI::Range(0, 1 << 20))
+          ->group(g),
+      cmd->add_option("--step-timeout-min", o->step_timeout_min_ms,
+                      "floor of a step's deadline, ms (the deadline is 3x the step's expected compute and "
+                      "transfer time; when it passes, a probe extends it if the step is in progress)")
+          ->check(CLI::Range(1, 24 * 3600 * 1000))
+          ->capture_default_str()
+          ->group(g),
+      cmd->add_option("--step-timeout-max", o->step_timeout_max_ms,
+                      "cap of a step's deadline and of the whole wait for one step, ms")
+          ->check(CLI::Range(1, 24 * 3600 * 1000))
+          ->capture_default_str()
           ->group(g),
       cmd->add_option("--link", o->link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
           ->group(g),

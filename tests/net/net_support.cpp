@@ -1,5 +1,7 @@
 #include "tests/net/net_support.hpp"
 
+#include "actors/guard.hpp"
+
 #include "actors/messages.hpp"
 #include "actors/tls.hpp"
 #include "model/tokenizer.hpp"
@@ -324,7 +326,13 @@ daemon_report query_daemon(uint16_t port, double deadline_s) {
   caf::actor_system sys(cfg);
   caf::scoped_actor self(sys);
   caf::actor daemon;
-  self->request(sys.middleman().actor_handle(), deadline, caf::connect_atom::value, std::string("127.0.0.1"), port)
+  // Through the guard dialer, as every cellshard client connects (actors/guard.hpp).
+  auto local = actors::guarded_port("127.0.0.1", port);
+  if (!local) {
+    out.error = local.message();
+    return out;
+  }
+  self->request(sys.middleman().actor_handle(), deadline, caf::connect_atom::value, std::string("127.0.0.1"), *local)
       .receive(
           [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
             daemon = caf::actor_cast<caf::actor>(ptr);

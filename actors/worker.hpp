@@ -1,0 +1,68 @@
+// actors/worker.hpp: a shard's compute worker -- one thread outside CAF's
+// scheduler that runs the shard's kernels (issue #15: compute never runs on
+// the threads that carry messages and heartbeats).
+//
+// A shard actor posts a job (a layer half over a batch of positions, or the
+// classifier) and goes on handling messages: liveness probes, partial sums,
+// link probes, statistics. The job ends by sending its result to the actor
+// as an ordinary message (caf::anon_send is thread safe), so every piece of
+// shard state is still touched by the actor only; a job owns (by value or
+// shared_ptr) everything it reads or writes, so an actor killed mid-step
+// frees nothing under it.
+//
+// Jobs run one at a time in posting order (FIFO). The destructor cancels:
+// the running job sees `cancelled()` become true and should return early (the
+// shard checks it between positions), queued jobs are dropped, then the
+// thread is joined -- a bounded wait of at most one position's work.
+//
+// Why a thread and not a CAF actor: a detached actor would also get its own
+// thread, but CAF 0.17 gives no control over its lifetime at shutdown or its
+// priority; a std::thread is plain. The thread runs at `nice_increment` above
+// the process's niceness (Linux per-thread nice, setpriority on its tid;
+// ignored elsewhere), so that under contention the scheduler threads that
+// carry heartbeats win the CPU over kernels (measured: docs/reliability.md).
+// kern's in-matvec pool (issue #18) runs inside such a job when it lands.
+//
+// Thread safety: post() may be called from any thread; the destructor must
+// not run on the worker thread itself.
+#pragma once
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace cellshard::actors {
+
+class compute_worker {
+public:
+  /// A job; `cancelled` becomes true when the worker is being destroyed.
+  using job = std::function<void(const std::atomic<bool>& cancelled)>;
+
+  explicit compute_worker(std::string name, int nice_increment = 2);
+  ~compute_worker();
+  compute_worker(const compute_worker&) = delete;
+  compute_worker& operator=(const compute_worker&) = delete;
+
+  /// Queues a job (runs after every job posted before it).
+  void post(job j);
+  /// Jobs queued or running (for statistics and tests).
+  std::size_t pending() const;
+
+private:
+  void loop(int nice_increment);
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<job> jobs_;
+  std::size_t running_ = 0;
+  std::atomic<bool> cancelled_{false};
+  std::string name_;
+  std::thread thread_;
+};
+
+}  // namespace cellshard::actors
