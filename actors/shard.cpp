@@ -738,7 +738,19 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         self->send(m.reply_to, r);
       },
       [=](close_atom, uint64_t session) { drop_session(self, session); },
-      [=](computed& c) { on_computed(self, c); },
+      [=](computed& c) {
+        if (silent()) {
+          // Frozen or partitioned: the result is lost with everything else,
+          // but the session may send again once the partition ends.
+          auto it = self->state.sessions.find(c.session);
+          if (it != self->state.sessions.end()) {
+            it->second.computing = false;
+            it->second.after_job.clear();
+          }
+          return;
+        }
+        on_computed(self, c);
+      },
       [=](classified& c) {
         auto& st = self->state;
         st.compute_ns += c.ns;
