@@ -36,7 +36,7 @@ struct session_state {
   int retries_left = 0;
   double ewma_step_ms = 0;
   double compute_ms_per_position = 0;  // measured (critical path), moving average
-  bool probing = false;                // a step probe is out
+  uint64_t probing_seq = 0;            // the step whose probe is out (0: none)
   clock_type::time_point t0, last, first, step_sent;
   bool have_first = false;
   int64_t compute_ns = 0;
@@ -172,8 +172,8 @@ void retry_step(session_actor* self, const std::string& why);
 /// re-send it.
 void probe_step(session_actor* self, uint64_t seq) {
   auto& st = self->state;
-  if (st.probing) return;
-  st.probing = true;
+  if (st.probing_seq == seq) return;
+  st.probing_seq = seq;
   struct tally {
     int pending = 0;
     bool working = false;
@@ -185,7 +185,7 @@ void probe_step(session_actor* self, uint64_t seq) {
   const int32_t pos0 = st.pos;
   auto decide = [self, seq, t] {
     auto& st = self->state;
-    st.probing = false;
+    if (st.probing_seq == seq) st.probing_seq = 0;
     if (st.done || st.recovering || seq != st.step_seq) return;  // the step ended meanwhile
     const auto now = clock_type::now();
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - st.step_sent);
