@@ -23,6 +23,10 @@ struct computed {
   uint32_t epoch = 0;
   int32_t pos0 = 0;
   int layer = 0, phase = 0;
+  // A shard alone in its group (no all-reduce): the job ran every remaining
+  // layer of the stage, adding each partial into x itself (x += p, as
+  // advance() does for one rank), so a step costs one hand-off, not 2 per layer.
+  bool whole = false;
   std::vector<float> x;
   blob out;
   int64_t ns = 0;
@@ -334,6 +338,7 @@ void post_partial(shard_actor* self, uint64_t session, session_state& ss) {
   c.layer = ss.layer;
   c.phase = ss.phase;
   c.x = std::move(ss.x);
+  c.whole = st.init.group_size == 1;
   const int count = ss.id.count;
   auto weights = st.init.weights;
   const kernels::backend* be = st.init.backend;
@@ -345,15 +350,28 @@ void post_partial(shard_actor* self, uint64_t session, session_state& ss) {
     const auto& w = *weights;
     const int dim = w.cfg().dim;
     const auto t0 = clock_type::now();
-    c.out.data.resize(static_cast<size_t>(count) * dim);
-    for (int i = 0; i < count; ++i) {
-      if (cancelled) return;  // the shard is going away
-      const float* xi = c.x.data() + static_cast<size_t>(i) * dim;
-      float* out = c.out.data.data() + static_cast<size_t>(i) * dim;
-      if (c.phase == 0)
-        model::attention_partial(*be, w, c.layer, xi, c.pos0 + i, *kv, *scr, out);
-      else
-        model::ffn_partial(*be, w, c.layer, xi, *scr, out);
+    const size_t n = static_cast<size_t>(count) * dim;
+    c.out.data.resize(n);
+    int layer = c.layer, phase = c.phase;
+    for (;;) {
+      for (int i = 0; i < count; ++i) {
+        if (cancelled) return;  // the shard is going away
+        const float* xi = c.x.data() + static_cast<size_t>(i) * dim;
+        float* out = c.out.data.data() + static_cast<size_t>(i) * dim;
+        if (phase == 0)
+          model::attention_partial(*be, w, layer, xi, c.pos0 + i, *kv, *scr, out);
+        else
+          model::ffn_partial(*be, w, layer, xi, *scr, out);
+      }
+      if (!c.whole) break;
+      const float* p = c.out.data.data();
+      for (size_t i = 0; i < n; ++i) c.x[i] += p[i];
+      if (phase == 0) {
+        phase = 1;
+      } else {
+        phase = 0;
+        if (++layer >= w.spec().layer_end) break;
+      }
     }
     c.ns = since_ns(t0);
     if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
@@ -426,6 +444,14 @@ void on_computed(shard_actor* self, computed& c) {
   }
   ss.x = std::move(c.x);
   ss.compute_ns += c.ns;
+  if (c.whole) {  // the stage's layers are done, x is final
+    st.partials.erase(std::make_tuple(c.session, ss.id.epoch, ss.id.pos0, ss.layer, ss.phase));
+    ss.layer = st.init.weights->spec().layer_end;
+    ss.phase = 0;
+    ss.own_done = false;
+    advance(self, c.session, ss);
+    return;
+  }
   ss.own_done = true;
   const int T = st.init.group_size;
   if (T > 1) {
