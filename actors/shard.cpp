@@ -809,7 +809,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         if (it != st.sessions.end()) {
           const auto& ss = it->second;
           auto same = [&](const step_id& id) { return id.epoch == epoch && id.pos0 == pos0; };
-          if (ss.busy && same(ss.id)) working = 1;
+          // Computing it on the worker. A rank that only waits for its
+          // peers' partial sums is not working: a partial still on its way
+          // shows in the peer's due time, a lost one in nothing.
+          if (ss.busy && ss.computing && same(ss.id)) working = 1;
           for (const auto& q : ss.queued)
             if (same(q.id)) working = 1;
         }
