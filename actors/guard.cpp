@@ -467,9 +467,9 @@ private:
           inner_port_of_.erase(c.outer.fd);
           close_conn(c);
         } else {
-          fail(c, c.target + ": no cellshard guard ack within " +
+          fail(c, c.target + ": connection timeout: no cellshard guard ack within " +
                       std::to_string(opts_.handshake_deadline.count()) +
-                      " ms (not a cellshard node daemon, or frozen)");
+                      " ms (a frozen daemon, or not a cellshard node daemon)");
         }
       }
     }
