@@ -208,7 +208,8 @@ result<journal> parse_journal(std::string_view text, const std::string& name) {
         return make_error(where + "position " + std::to_string(e.pos) + ", expected " + std::to_string(want_pos) +
                           ": a line repeated or out of order");
       }
-      if (e.pos >= out.header.steps)
+      // steps forward passes give ids at positions 0..steps (BOS at 0).
+      if (e.pos > out.header.steps)
         return make_error(where + "position " + std::to_string(e.pos) + " is beyond the journal's " +
                           std::to_string(out.header.steps) + " steps");
       const auto& pr = out.header.prompt_tokens;

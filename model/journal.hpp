@@ -54,7 +54,7 @@ struct journal_entry {
 
 struct journal {
   journal_header header;
-  std::vector<journal_entry> entries;  // positions 1, 2, ... without gaps
+  std::vector<journal_entry> entries;  // positions 1, 2, ... without gaps, at most header.steps
   uint64_t digest = 0;                 // running digest after the last line
 };
 

@@ -136,7 +136,9 @@ std::vector<int> tokenizer::encode(const std::string& text, bool bos, bool eos) 
     if (id != -1) {
       tokens.push_back(id);
     } else {
-      for (unsigned char b : buf) tokens.push_back(static_cast<int>(b) + 3);
+      // A vocabulary without that byte piece (fewer than 259 tokens) gets
+      // <unk> (0) instead of an id past its end (run.c indexes past it).
+      for (unsigned char b : buf) tokens.push_back(static_cast<int>(b) + 3 < vocab_size() ? static_cast<int>(b) + 3 : 0);
     }
     buf.clear();
   }
@@ -147,6 +149,7 @@ std::vector<int> tokenizer::encode(const std::string& text, bool bos, bool eos) 
     int best_id = -1;
     int best_idx = -1;
     for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+      if (tokens[i] >= vocab_size() || tokens[i + 1] >= vocab_size()) continue;  // BOS/EOS of a tiny vocabulary
       merged = std::string(vocab_[tokens[i]].c_str()) + vocab_[tokens[i + 1]].c_str();
       const int id = lookup(merged);
       if (id != -1 && scores_[id] > best_score) {

@@ -12,6 +12,8 @@ pkgs=(
   libbenchmark-dev               # micro-benchmarks
   gnuplot-nox                    # plots
   iproute2 iperf3                # network-namespace lab (ip netns, tc) and its shaping check
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev  # the ASan+UBSan build and the fuzzers (scripts/sanitize.sh, fuzz.sh)
+  python3                        # scripts/soak_summary.py, scripts/exactness.sh
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -2,6 +2,7 @@
 // exits with its status (2 usage, 1 error) and a message naming the flag or
 // file and what was expected. One table row per input.
 #include "model/checkpoint.hpp"
+#include "model/tokenizer.hpp"
 #include "tests/support.hpp"
 
 #include <sys/stat.h>
@@ -127,4 +128,24 @@ TEST_CASE("a header whose size overflows 64 bits is refused, not wrapped", "[mod
   REQUIRE(!c);
   CHECK_THAT(c.message(), Catch::Contains("big.bin: corrupt header") && Catch::Contains("TiB") &&
                               Catch::Contains("expected at most 2^46 bytes"));
+}
+
+TEST_CASE("a vocabulary without byte pieces encodes unknown bytes as <unk>, inside the vocabulary",
+          "[model][tokenizer][validation]") {
+  // Found by fuzz/tokenizer.cpp (fuzz/regressions/tokenizer/): the byte
+  // fallback id byte + 3 pointed past a small vocabulary.
+  std::vector<uint8_t> b = {5, 0, 0, 0};  // max_token_length 5
+  auto add = [&](const std::string& piece, float score) {
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(&score);
+    b.insert(b.end(), s, s + 4);
+    const int32_t n = static_cast<int32_t>(piece.size());
+    const uint8_t* l = reinterpret_cast<const uint8_t*>(&n);
+    b.insert(b.end(), l, l + 4);
+    b.insert(b.end(), piece.begin(), piece.end());
+  };
+  for (const char* p : {"<unk>", "<s>", "</s>", " ", "a", "b", "ab"}) add(p, 0.0f);
+  auto t = model::tokenizer::from_bytes(b, "tiny.tok");
+  REQUIRE(t);
+  const auto ids = (*t)->encode("ab\xff z", true, true);
+  CHECK(ids == std::vector<int>{1, 3, 6, 0, 3, 0, 2});  // BOS, " ", "ab", <unk>, " ", <unk>, EOS
 }

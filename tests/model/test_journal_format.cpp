@@ -78,6 +78,22 @@ TEST_CASE("a journal reads back what its writer wrote", "[journal][unit]") {
   CHECK(cut->entries.size() == 5);
 }
 
+TEST_CASE("a finished run's journal holds positions up to its steps, and no further", "[journal][unit]") {
+  // -n 3: three forward passes give ids at positions 0..3.
+  model::journal_header h = sample_header();
+  h.steps = 3;
+  uint64_t d = 0;
+  std::string text = model::journal_header_line(h, &d) + "\n";
+  for (int pos = 1; pos <= 3; ++pos) text += model::journal_entry_line({pos, pos == 1 ? 403 : pos == 2 ? 407 : 9, 5}, d, &d) + "\n";
+  auto j = model::parse_journal(text, "done.jsonl");
+  REQUIRE(j);
+  CHECK(j->entries.size() == 3);
+  text += model::journal_entry_line({4, 9, 5}, d, &d) + "\n";
+  auto over = model::parse_journal(text, "done.jsonl");
+  REQUIRE(!over);
+  CHECK_THAT(over.message(), Catch::Contains("done.jsonl: line 5: position 4 is beyond the journal's 3 steps"));
+}
+
 TEST_CASE("a continued journal keeps one digest chain", "[journal][unit]") {
   const std::string dir = test::temp_dir("journal-continue");
   const auto lines = written_lines(dir);
