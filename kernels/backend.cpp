@@ -9,12 +9,20 @@
 namespace cellshard::kernels {
 
 const char* to_string(op o) {
-  static const char* names[] = {"matvec", "matvec_q8", "rmsnorm", "rope",
-                                "softmax", "attention", "swiglu"};
+  static const char* names[] = {"matvec",    "matvec_q8", "rmsnorm",     "rope",
+                                "softmax",   "attention", "swiglu",      "matvec_typed"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<int>(op::count),
                 "one name per op");
   const int i = static_cast<int>(o);
   return i >= 0 && i < static_cast<int>(op::count) ? names[i] : "?";
+}
+
+const char* to_string(matmul_mode m) {
+  switch (m) {
+    case matmul_mode::exact: return "exact";
+    case matmul_mode::ggml: return "ggml";
+    default: return "?";
+  }
 }
 
 namespace {

@@ -40,6 +40,20 @@ constexpr int q8_blocks_per_row(int cols) {
   return (cols + q8_block_size - 1) / q8_block_size;
 }
 
+enum class dtype : int;  // weight element types, kernels/types.hpp
+
+/// How a typed matvec rounds (the `--matmul` flag, docs/formats.md):
+/// - exact: each weight row is dequantized to f32 and multiplied with the f32
+///   activations, summed in column order (for f32 weights: matvec's order).
+/// - ggml: the activations are rounded first as ggml's CPU backend does for
+///   that weight type (fp16 for f16, bf16 for bf16, q8_0 blocks for q8_0 and
+///   q4_0, q8_K blocks for q4_K and q6_K; nothing for f32), and quantized
+///   products are integer dot products within a block scaled by the two
+///   block scales, as ggml's vec_dot functions; llama.cpp's logits can then
+///   be matched.
+enum class matmul_mode : int { exact, ggml, count };
+const char* to_string(matmul_mode m);
+
 /// The operations a backend may provide. `count` is the number of operations.
 enum class op : int {
   matvec,     // f32 matrix-vector product
@@ -49,6 +63,7 @@ enum class op : int {
   softmax,
   attention,
   swiglu,
+  matvec_typed,  // matrix-vector product with weights of any dtype
   count
 };
 const char* to_string(op o);
@@ -95,6 +110,16 @@ struct backend {
   /// Whether this backend implements `o` itself (false: the slot delegates to
   /// the reference implementation).
   bool (*supports)(op o);
+
+  /// out[r] = sum_c W_r[c] * x[c] for r in [0,rows) with weights of type `t`
+  /// (kernels/types.hpp) kept in that type: row r starts at byte
+  /// r * row_stride of W and holds `cols` elements (cols a multiple of the
+  /// type's block size; row_stride >= row_bytes(t, cols), so a column slice
+  /// starting on a block boundary needs no copy). x [cols], out [rows].
+  /// `mode` says how the product rounds (matmul_mode above). Not safe to
+  /// alias out with x.
+  void (*matvec_typed)(float* out, const void* W, dtype t, std::size_t row_stride,
+                       const float* x, int rows, int cols, matmul_mode mode);
 };
 
 /// The backend named `name` ("reference", "blas", "spe", ...) or nullptr.

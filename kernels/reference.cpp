@@ -117,7 +117,7 @@ namespace cellshard::kernels {
 const backend& reference_backend() {
   static const backend b{"reference", ref::matvec, ref::matvec_q8, ref::rmsnorm,
                          ref::rope,   ref::softmax, ref::attention, ref::swiglu,
-                         ref::supports};
+                         ref::supports, ref::matvec_typed};
   return b;
 }
 

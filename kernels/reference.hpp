@@ -13,4 +13,6 @@ void softmax(float* x, int n);
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
                float* att, int n_heads, int kv_mul, int head_size, int kv_stride, int pos);
 void swiglu(float* hb, const float* hb2, int n);
+void matvec_typed(float* out, const void* W, dtype t, std::size_t row_stride, const float* x,
+                  int rows, int cols, matmul_mode mode);
 }  // namespace cellshard::kernels::ref

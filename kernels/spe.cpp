@@ -4,6 +4,7 @@
 #include "kernels/spe.hpp"
 
 #include "kernels/reference.hpp"
+#include "kernels/types.hpp"
 #include "kernels/spu/host/spu_host.hpp"
 #include "kernels/spu/spu_job.h"
 
@@ -485,6 +486,33 @@ struct table {
   static void swiglu(float* hb, const float* hb2, int n) {
     if (!spe::swiglu(hb, hb2, n, A)) poison(hb, n);
   }
+  // f32 weights stream through the SPE matvec in place; other types in
+  // `exact` mode are dequantized by the host (the PPE) in chunks of rows that
+  // then stream through the same SPE matvec; `ggml` rounding of non-f32 types
+  // uses the reference loops.
+  static void matvec_typed(float* out, const void* W, dtype t, std::size_t row_stride,
+                           const float* x, int rows, int cols, matmul_mode mode) {
+    if (t == dtype::f32) {
+      matvec(out, static_cast<const float*>(W), x, rows, cols,
+             static_cast<int>(row_stride / sizeof(float)));
+      return;
+    }
+    if (mode != matmul_mode::exact) {
+      ref::matvec_typed(out, W, t, row_stride, x, rows, cols, mode);
+      return;
+    }
+    constexpr int chunk = 64;
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<std::size_t>(chunk) * cols);
+    const uint8_t* p = static_cast<const uint8_t*>(W);
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+      const int n = rows - r0 < chunk ? rows - r0 : chunk;
+      for (int r = 0; r < n; ++r)
+        dequantize_row(t, p + (r0 + r) * row_stride, buf.data() + static_cast<std::size_t>(r) * cols,
+                       cols);
+      matvec(out + r0, buf.data(), x, n, cols, cols);
+    }
+  }
   static bool supports(op o) { return o != op::count; }
 };
 
@@ -493,14 +521,16 @@ struct table {
 const backend& spe_backend() {
   using t = table<spe::arithmetic::host>;
   static const backend b{"spe",      t::matvec,    t::matvec_q8, t::rmsnorm, t::rope,
-                         t::softmax, t::attention, t::swiglu,    t::supports};
+                         t::softmax, t::attention, t::swiglu,    t::supports,
+                         t::matvec_typed};
   return b;
 }
 
 const backend& spu_host_backend() {
   using t = table<spe::arithmetic::spu>;
   static const backend b{"spu-host", t::matvec,    t::matvec_q8, t::rmsnorm, t::rope,
-                         t::softmax,  t::attention, t::swiglu,    t::supports};
+                         t::softmax,  t::attention, t::swiglu,    t::supports,
+                         t::matvec_typed};
   return b;
 }
 

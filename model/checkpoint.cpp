@@ -116,6 +116,8 @@ static uint32_t bswap32(uint32_t x) { return __builtin_bswap32(x); }
 
 result<void> model_file::init(const std::string& name, load_options opts) {
   if (is_q8_image(base_, size_)) return q8_reader::init(*this, name, opts);
+  // The format is told by the magic, not the file name.
+  if (size_ >= 4 && std::memcmp(base_, "GGUF", 4) == 0) return init_gguf(name, opts);
   if (size_ < 7 * sizeof(int32_t))
     return make_error(name + ": file is " + std::to_string(size_) +
                       " bytes, too short for the 28-byte llama2.c header");
@@ -159,6 +161,7 @@ result<void> model_file::init(const std::string& name, load_options opts) {
 
 layer_view model_file::layer(int l) const {
   if (quantized_) return q8_norms_[l];
+  if (gguf_) return g_layers_[l];
   // run.c stores each weight kind for all layers together:
   // rms_att[L][dim], wq[L][dim][dim], wk[L][kv][dim], wv[L][kv][dim],
   // wo[L][dim][dim], rms_ffn[L][dim], w1[L][h][dim], w2[L][dim][h], w3[L][h][dim].
@@ -191,7 +194,10 @@ result<std::shared_ptr<const model_file>> model_file::open(const std::string& pa
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
   if (m->size_ > 0) {
-    const bool swap = opts.force_swap != host_is_big_endian();
+    char magic[4] = {0, 0, 0, 0};
+    const bool gguf = ::pread(fd, magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+    // A GGUF file is never converted in place (its loader copies what it swaps).
+    const bool swap = !gguf && opts.force_swap != host_is_big_endian();
     // A private writable mapping lets the swap path convert in place
     // (copy-on-write); the usual path maps read-only and shares the page cache.
     void* p = ::mmap(nullptr, m->size_, swap ? PROT_READ | PROT_WRITE : PROT_READ,

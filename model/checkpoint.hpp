@@ -13,6 +13,7 @@
 #pragma once
 
 #include "kernels/backend.hpp"
+#include "kernels/types.hpp"
 #include "model/config.hpp"
 #include "model/result.hpp"
 
@@ -33,6 +34,24 @@ struct load_options {
   /// files are little-endian; on a big-endian host such as the PS3's PPE they
   /// always need swapping). Used to test the swap path on little-endian hosts.
   bool force_swap = false;
+  /// Context length (positions) to use instead of the file's (GGUF
+  /// llama.context_length; 0 keeps the file's). `--ctx N`.
+  int ctx = 0;
+};
+
+/// A weight matrix [rows x cols] kept in its file type (GGUF files): row r
+/// starts at data + r * row_bytes. Points into the mapping, or into the
+/// model_file's own converted copy on a byte-swapped file.
+struct tensor_view {
+  const uint8_t* data = nullptr;
+  kernels::dtype type = kernels::dtype::f32;
+  int rows = 0, cols = 0;
+  std::size_t row_bytes = 0;
+  uint64_t bytes() const { return static_cast<uint64_t>(rows) * row_bytes; }
+};
+/// One layer's matrices of a GGUF file (shapes as in layer_view).
+struct typed_layer_view {
+  tensor_view wq, wk, wv, wo, w1, w2, w3;
 };
 
 /// Views of one layer's weights, pointing into the model_file.
@@ -64,6 +83,9 @@ struct q8_layer_view {
 };
 
 class q8_reader;  // model/quant.hpp
+namespace gguf {
+class file;
+}
 
 class model_file {
 public:
@@ -97,6 +119,23 @@ public:
   q8_matrix q8_embedding() const { return q8_emb_; }
   q8_matrix q8_classifier() const { return q8_cls_; }
   q8_layer_view q8_layer(int l) const { return quantized_ ? q8_layers_[l] : q8_layer_view{}; }
+
+  /// The GGUF file behind this model, or nullptr for a llama2.c / CSQ8 file.
+  /// For a GGUF model every matrix is available as a tensor_view in its type
+  /// (typed_layer(), typed_embedding(), typed_classifier()); when every
+  /// matrix is F32 the f32 accessors above work too. Norms are always f32.
+  const gguf::file* gguf() const { return gguf_.get(); }
+  bool typed() const { return !t_layers_.empty(); }
+  /// True when some matrix of a GGUF model is not F32.
+  bool has_non_f32() const { return non_f32_; }
+  typed_layer_view typed_layer(int l) const { return t_layers_[l]; }
+  tensor_view typed_embedding() const { return t_emb_; }
+  tensor_view typed_classifier() const { return t_cls_; }
+  /// "llama2.c", "csq8" or "gguf".
+  const char* format_name() const;
+  /// The matmul mode `--matmul` defaults to: exact when every matrix is f32
+  /// (llama2.c, F32 GGUF), ggml otherwise (docs/formats.md).
+  kernels::matmul_mode default_matmul() const;
 
   /// XXH64 of the whole file (computed on first call; thread-safe).
   uint64_t digest() const;
@@ -134,6 +173,14 @@ private:
   q8_matrix q8_emb_, q8_cls_;
   std::vector<q8_layer_view> q8_layers_;
   std::vector<layer_view> q8_norms_;  // per layer: the norm pointers, matrices null
+  // GGUF files (model/gguf_model.cpp).
+  result<void> init_gguf(const std::string& name, load_options opts);
+  std::shared_ptr<const gguf::file> gguf_;
+  std::vector<typed_layer_view> t_layers_;
+  tensor_view t_emb_, t_cls_;
+  std::vector<layer_view> g_layers_;  // norms always; f32 matrices when the tensor is F32
+  bool non_f32_ = false;
+  std::vector<std::vector<uint8_t>> converted_;  // swapped tensors, f32 copies of norms
 };
 
 /// Expected size in bytes of a checkpoint with this config (header, weights,

@@ -16,6 +16,9 @@ struct config {
   int vocab_size = 0;   // always positive here; the file's sign is shared_classifier
   int seq_len = 0;      // maximum context length (positions)
   bool shared_classifier = true;  // classifier weights = token embedding table
+  // From GGUF metadata (llama2.c files have no such fields: run.c's constants).
+  float rms_eps = 1e-5f;          // RMSNorm epsilon (llama.attention.layer_norm_rms_epsilon)
+  float rope_theta = 10000.0f;    // RoPE base (llama.rope.freq_base)
 
   int head_size() const { return dim / n_heads; }
   int kv_dim() const { return n_kv_heads * head_size(); }

@@ -32,18 +32,22 @@ std::string slice_spec::to_string() const {
 }
 
 uint64_t matrix::bytes() const {
+  if (data) return static_cast<uint64_t>(rows) * kernels::row_bytes(type, cols);
   if (q8) return static_cast<uint64_t>(rows) * kernels::q8_blocks_per_row(cols) *
                  sizeof(kernels::q8_block);
   return static_cast<uint64_t>(rows) * cols * sizeof(float);
 }
 
-void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x) {
-  if (m.q8) be.matvec_q8(out, m.q8, x, m.rows, m.cols);
+void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x,
+            kernels::matmul_mode mode) {
+  if (m.data) be.matvec_typed(out, m.data, m.type, m.stride, x, m.rows, m.cols, mode);
+  else if (m.q8) be.matvec_q8(out, m.q8, x, m.rows, m.cols);
   else be.matvec(out, m.f32, x, m.rows, m.cols, m.ld);
 }
 
 result<std::shared_ptr<const shard_weights>> shard_weights::make(
-    std::shared_ptr<const model_file> file, slice_spec spec, weight_format fmt) {
+    std::shared_ptr<const model_file> file, slice_spec spec, weight_format fmt,
+    kernels::matmul_mode matmul) {
   const config& c = file->cfg();
   auto bad = [&](const std::string& what) {
     return make_error("shard slice " + spec.to_string() + ": " + what + " (model: " +
@@ -61,6 +65,7 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
   w->file_ = file;
   w->spec_ = spec;
   w->fmt_ = fmt;
+  w->matmul_ = matmul == kernels::matmul_mode::count ? file->default_matmul() : matmul;
   const int hs = c.head_size(), d = c.dim, h = c.hidden_dim;
   const int q0 = spec.kv_head_begin * c.kv_mul() * hs;
   const int nq = spec.n_kv_heads() * c.kv_mul() * hs;
@@ -91,6 +96,7 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
   };
   w->owned_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
   if (file->quantized()) return make_q8(std::move(w));
+  if (file->has_non_f32()) return make_typed(std::move(w));
   w->emb_ = view(file->token_embedding(), c.vocab_size, d, d);
   for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
     const layer_view v = file->layer(l);
@@ -206,8 +212,95 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_q8(std::shared_
   return std::shared_ptr<const shard_weights>(std::move(w));
 }
 
+// A GGUF file with typed matrices: views in place; see shard_weights::make.
+result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
+    std::shared_ptr<shard_weights> w) {
+  const model_file& file = *w->file_;
+  const config& c = file.cfg();
+  const slice_spec& spec = w->spec_;
+  const int hs = c.head_size(), d = c.dim;
+  const int q0 = spec.kv_head_begin * c.kv_mul() * hs;
+  const int nq = spec.n_kv_heads() * c.kv_mul() * hs;
+  const int k0 = spec.kv_head_begin * hs, nk = spec.n_kv_heads() * hs;
+  const int f0 = spec.ffn_begin, nf = spec.ffn_units();
+
+  auto rows_of = [&](const tensor_view& t, int r0, int n) {
+    matrix m;
+    m.data = t.data + static_cast<size_t>(r0) * t.row_bytes;
+    m.type = t.type;
+    m.stride = t.row_bytes;
+    m.rows = n;
+    m.cols = m.ld = t.cols;
+    w->bytes_ += m.bytes();
+    return m;
+  };
+  auto cols_of = [&](const tensor_view& t, int c0, int n) {
+    const int be = kernels::block_elems(t.type);
+    matrix m;
+    m.rows = t.rows;
+    m.cols = n;
+    if (c0 % be == 0 && n % be == 0) {
+      m.data = t.data + static_cast<size_t>(c0 / be) * kernels::block_bytes(t.type);
+      m.type = t.type;
+      m.stride = t.row_bytes;
+      m.ld = n;
+      w->bytes_ += m.bytes();
+      return m;
+    }
+    std::vector<float> out(static_cast<size_t>(t.rows) * n), row(t.cols);
+    for (int r = 0; r < t.rows; ++r) {
+      kernels::dequantize_row(t.type, t.data + static_cast<size_t>(r) * t.row_bytes, row.data(),
+                              t.cols);
+      std::memcpy(&out[static_cast<size_t>(r) * n], row.data() + c0, n * sizeof(float));
+    }
+    w->owned_f32_.push_back(std::move(out));
+    m.f32 = w->owned_f32_.back().data();
+    m.ld = n;
+    w->bytes_ += m.bytes();
+    return m;
+  };
+  w->owned_f32_.reserve(static_cast<size_t>(spec.n_layers()) * 2);
+  for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
+    const layer_view v = file.layer(l);
+    const typed_layer_view t = file.typed_layer(l);
+    layer L;
+    L.rms_att = v.rms_att;
+    L.rms_ffn = v.rms_ffn;
+    L.wq = rows_of(t.wq, q0, nq);
+    L.wk = rows_of(t.wk, k0, nk);
+    L.wv = rows_of(t.wv, k0, nk);
+    L.wo = cols_of(t.wo, q0, nq);
+    L.w1 = rows_of(t.w1, f0, nf);
+    L.w3 = rows_of(t.w3, f0, nf);
+    L.w2 = cols_of(t.w2, f0, nf);
+    w->bytes_ += 2ull * d * sizeof(float);
+    w->layers_.push_back(L);
+  }
+  const tensor_view e = file.typed_embedding();
+  w->emb_.data = e.data;
+  w->emb_.type = e.type;
+  w->emb_.stride = e.row_bytes;
+  w->emb_.rows = e.rows;
+  w->emb_.cols = w->emb_.ld = e.cols;
+  // The embedding stays in its type; embed() dequantizes one row per token.
+  const bool tied = c.shared_classifier;
+  if (spec.embedding) w->bytes_ += e.bytes();
+  if (spec.classifier) {
+    const uint64_t before = w->bytes_;
+    w->wcls_ = rows_of(file.typed_classifier(), 0, c.vocab_size);
+    if (tied && spec.embedding) w->bytes_ = before;  // the same bytes as the embedding
+    w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
+  }
+  return std::shared_ptr<const shard_weights>(std::move(w));
+}
+
 void shard_weights::embed(int token, float* out) const {
   const int dim = cfg().dim;
+  if (emb_.data) {
+    kernels::dequantize_row(emb_.type, emb_.data + static_cast<size_t>(token) * emb_.stride, out,
+                            dim);
+    return;
+  }
   if (const float* table = embedding()) {
     std::memcpy(out, table + static_cast<size_t>(token) * dim, dim * sizeof(float));
     return;
@@ -263,13 +356,13 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
   be.rmsnorm(s.xb.data(), x, L.rms_att, c.dim);
   float* k = kv.key(li, pos);
   float* v = kv.value(li, pos);
-  matvec(be, s.q.data(), L.wq, s.xb.data());
-  matvec(be, k, L.wk, s.xb.data());
-  matvec(be, v, L.wv, s.xb.data());
+  matvec(be, s.q.data(), L.wq, s.xb.data(), w.matmul());
+  matvec(be, k, L.wk, s.xb.data(), w.matmul());
+  matvec(be, v, L.wv, s.xb.data(), w.matmul());
   be.rope(s.q.data(), L.wq.rows, k, L.wk.rows, pos, c.head_size());
   be.attention(s.attn.data(), s.q.data(), kv.key(li, 0), kv.value(li, 0), s.att.data(),
                w.n_heads_local(), c.kv_mul(), c.head_size(), kv.kv_dim(), pos);
-  matvec(be, partial, L.wo, s.attn.data());
+  matvec(be, partial, L.wo, s.attn.data(), w.matmul());
 }
 
 void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, const float* x,
@@ -277,10 +370,10 @@ void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, cons
   const config& c = w.cfg();
   const auto& L = w.at(l);
   be.rmsnorm(s.xb.data(), x, L.rms_ffn, c.dim);
-  matvec(be, s.hb.data(), L.w1, s.xb.data());
-  matvec(be, s.hb2.data(), L.w3, s.xb.data());
+  matvec(be, s.hb.data(), L.w1, s.xb.data(), w.matmul());
+  matvec(be, s.hb2.data(), L.w3, s.xb.data(), w.matmul());
   be.swiglu(s.hb.data(), s.hb2.data(), L.w1.rows);
-  matvec(be, partial, L.w2, s.hb.data());
+  matvec(be, partial, L.w2, s.hb.data(), w.matmul());
 }
 
 void stage_forward(const kernels::backend& be, const shard_weights& w, float* x, int pos,
@@ -297,7 +390,7 @@ void stage_forward(const kernels::backend& be, const shard_weights& w, float* x,
 
 void classify(const kernels::backend& be, const shard_weights& w, float* x, float* logits) {
   be.rmsnorm(x, x, w.rms_final(), w.cfg().dim);
-  matvec(be, logits, w.classifier(), x);
+  matvec(be, logits, w.classifier(), x, w.matmul());
 }
 
 engine::engine(std::shared_ptr<const shard_weights> w, const kernels::backend& be)

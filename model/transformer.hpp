@@ -47,15 +47,22 @@ struct slice_spec {
 
 /// A weight matrix [rows x cols] in f32 (a view with row stride ld, possibly
 /// into the mapped file) or q8_0 (an owned, row-padded block array).
+/// A typed matrix (GGUF tensors in their own type): `data` is set, row r
+/// starts at data + r * stride bytes, type says the element type.
 struct matrix {
   const float* f32 = nullptr;
   const kernels::q8_block* q8 = nullptr;
+  const uint8_t* data = nullptr;
+  kernels::dtype type = kernels::dtype::f32;
+  std::size_t stride = 0;
   int rows = 0, cols = 0, ld = 0;
   uint64_t bytes() const;
 };
 
-/// out[rows] = m · x[cols] with the backend's f32 or q8 kernel.
-void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x);
+/// out[rows] = m · x[cols] with the backend's f32, q8 or typed kernel;
+/// `mode` applies to typed matrices (an f32 view always multiplies exactly).
+void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x,
+            kernels::matmul_mode mode = kernels::matmul_mode::exact);
 
 class shard_weights {
 public:
@@ -80,9 +87,19 @@ public:
   /// that slice and re-quantizes it (a second rounding, that slice only). The
   /// shard holding the embedding keeps a dequantized f32 table of it, because
   /// embedding() hands out f32 rows (counted in bytes()).
-  static result<std::shared_ptr<const shard_weights>> make(std::shared_ptr<const model_file> file,
-                                                           slice_spec spec,
-                                                           weight_format fmt = weight_format::f32);
+  ///
+  /// A GGUF file with a non-F32 matrix keeps every matrix in its type
+  /// (tensor_view) whatever `fmt`: row slices view the file in place, and so
+  /// do column slices (wo, w2) that start and end on block boundaries; a
+  /// column slice that does not is dequantized to f32 for that shard (exact,
+  /// more memory; under `ggml` that slice is then not rounded).
+  /// `matmul` is the --matmul mode; matmul_mode::count means the file's
+  /// default (model_file::default_matmul()).
+  static result<std::shared_ptr<const shard_weights>> make(
+      std::shared_ptr<const model_file> file, slice_spec spec,
+      weight_format fmt = weight_format::f32,
+      kernels::matmul_mode matmul = kernels::matmul_mode::count);
+  kernels::matmul_mode matmul() const { return matmul_; }
 
   const config& cfg() const { return file_->cfg(); }
   const slice_spec& spec() const { return spec_; }
@@ -103,6 +120,9 @@ public:
 
 private:
   static result<std::shared_ptr<const shard_weights>> make_q8(std::shared_ptr<shard_weights> w);
+  static result<std::shared_ptr<const shard_weights>> make_typed(std::shared_ptr<shard_weights> w);
+  kernels::matmul_mode matmul_ = kernels::matmul_mode::exact;
+  std::vector<std::vector<float>> owned_f32_;  // typed files: column slices off block boundaries
 
   std::shared_ptr<const model_file> file_;
   slice_spec spec_;

@@ -1,0 +1,202 @@
+// The reference typed matvec (backend::matvec_typed): dequantize-on-the-fly for
+// `exact`, ggml's activation rounding and block dot products for `ggml`.
+// ggml's arithmetic (facts from ggml-cpu quants.c / vec.cpp):
+// - q8_0 activations on x86 (AVX2 path of quantize_row_q8_0): amax per 32,
+//   d = amax / 127 stored as fp16, q = round-half-even(x * (127 / amax)).
+// - vec_dot_q8_0_q8_0 / q4_0_q8_0: per block, an integer sum of products,
+//   times fp16(dw) * fp16(dx), accumulated in f32.
+// - vec_dot_q4_K_q8_K: per block, d = fp16(d) * dx, dmin = fp16(dmin) * dx;
+//   sum of sub-block scale * integer dot, minus dmin * sum of min * bsums.
+// - vec_dot_q6_K_q8_K: per block, fp16(d) * dx * sum of scale * integer dot.
+// - f16 / bf16: the activations rounded to the weight's 16-bit type, products
+//   summed in f32.
+#include "kernels/reference.hpp"
+#include "kernels/types.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace cellshard::kernels::ref {
+
+namespace {
+
+// Per-thread scratch so the kernel allocates only when a row grows.
+std::vector<float>& row_scratch(int n) {
+  thread_local std::vector<float> v;
+  if (v.size() < static_cast<size_t>(n)) v.resize(n);
+  return v;
+}
+
+void quantize_x_q8_0(const float* x, q8_block* y, int cols) {
+  for (int i = 0; i < cols / 32; ++i, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) y[i].qs[j] = static_cast<int8_t>(std::nearbyintf(x[j] * id));
+  }
+}
+
+void ggml_q8_0(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
+               int cols) {
+  const int nb = cols / 32;
+  thread_local std::vector<q8_block> xq;
+  xq.resize(nb);
+  quantize_x_q8_0(x, xq.data(), cols);
+  for (int r = 0; r < rows; ++r) {
+    const q8_block* w = reinterpret_cast<const q8_block*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      int s = 0;
+      for (int j = 0; j < 32; ++j) s += w[b].qs[j] * xq[b].qs[j];
+      sum += static_cast<float>(s) * (fp16_to_fp32(w[b].d) * fp16_to_fp32(xq[b].d));
+    }
+    out[r] = sum;
+  }
+}
+
+void ggml_q4_0(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
+               int cols) {
+  const int nb = cols / 32;
+  thread_local std::vector<q8_block> xq;
+  xq.resize(nb);
+  quantize_x_q8_0(x, xq.data(), cols);
+  for (int r = 0; r < rows; ++r) {
+    const block_q4_0* w = reinterpret_cast<const block_q4_0*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      int s = 0;
+      for (int j = 0; j < 16; ++j) {
+        s += ((w[b].qs[j] & 0x0F) - 8) * xq[b].qs[j];
+        s += ((w[b].qs[j] >> 4) - 8) * xq[b].qs[j + 16];
+      }
+      sum += static_cast<float>(s) * (fp16_to_fp32(w[b].d) * fp16_to_fp32(xq[b].d));
+    }
+    out[r] = sum;
+  }
+}
+
+void scale_min(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void ggml_q4_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
+               int cols) {
+  const int nb = cols / qk_k;
+  thread_local std::vector<block_q8_k> xq;
+  xq.resize(nb);
+  quantize_row_q8_k(x, xq.data(), cols);
+  for (int r = 0; r < rows; ++r) {
+    const block_q4_k* w = reinterpret_cast<const block_q4_k*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const block_q8_k& y = xq[b];
+      int sums = 0, mins = 0;
+      for (int sb = 0; sb < 8; ++sb) {
+        int sc, m;
+        scale_min(sb, w[b].scales, &sc, &m);
+        // Sub-block sb: nibbles (low for even, high for odd) of qs[32*(sb/2)..].
+        const uint8_t* q = w[b].qs + 32 * (sb / 2);
+        const int shift = (sb % 2) * 4;
+        int dot = 0;
+        for (int l = 0; l < 32; ++l) dot += ((q[l] >> shift) & 0x0F) * y.qs[32 * sb + l];
+        sums += sc * dot;
+        mins += m * (y.bsums[2 * sb] + y.bsums[2 * sb + 1]);
+      }
+      const float d = fp16_to_fp32(w[b].d) * y.d;
+      const float dmin = fp16_to_fp32(w[b].dmin) * y.d;
+      sum += d * static_cast<float>(sums) - dmin * static_cast<float>(mins);
+    }
+    out[r] = sum;
+  }
+}
+
+void ggml_q6_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
+               int cols) {
+  const int nb = cols / qk_k;
+  thread_local std::vector<block_q8_k> xq;
+  xq.resize(nb);
+  quantize_row_q8_k(x, xq.data(), cols);
+  for (int r = 0; r < rows; ++r) {
+    const block_q6_k* w = reinterpret_cast<const block_q6_k*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const block_q8_k& y = xq[b];
+      int q[qk_k];
+      // Same unpacking as the dequantizer: 2 halves of 128 values.
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = w[b].ql + 64 * h;
+        const uint8_t* qh = w[b].qh + 32 * h;
+        int* o = q + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          o[l] = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+          o[l + 32] = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        }
+      }
+      int isum = 0;
+      for (int sb = 0; sb < 16; ++sb) {
+        int dot = 0;
+        for (int l = 0; l < 16; ++l) dot += q[16 * sb + l] * y.qs[16 * sb + l];
+        isum += w[b].scales[sb] * dot;
+      }
+      sum += fp16_to_fp32(w[b].d) * y.d * static_cast<float>(isum);
+    }
+    out[r] = sum;
+  }
+}
+
+// f16/bf16 with activations rounded to the same 16-bit type.
+template <float (*to_f32)(uint16_t), uint16_t (*from_f32)(float)>
+void ggml_half(float* out, const uint8_t* W, size_t stride, const float* x, int rows, int cols) {
+  std::vector<float>& xr = row_scratch(cols);
+  for (int c = 0; c < cols; ++c) xr[c] = to_f32(from_f32(x[c]));
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(W + r * stride);
+    float sum = 0.0f;
+    for (int c = 0; c < cols; ++c) sum += to_f32(w[c]) * xr[c];
+    out[r] = sum;
+  }
+}
+
+}  // namespace
+
+void matvec_typed(float* out, const void* Wv, dtype t, size_t row_stride, const float* x,
+                  int rows, int cols, matmul_mode mode) {
+  const uint8_t* W = static_cast<const uint8_t*>(Wv);
+  if (t == dtype::f32) {
+    matvec(out, reinterpret_cast<const float*>(W), x, rows, cols,
+           static_cast<int>(row_stride / sizeof(float)));
+    return;
+  }
+  if (mode == matmul_mode::ggml) {
+    switch (t) {
+      case dtype::f16: ggml_half<fp16_to_fp32, fp32_to_fp16>(out, W, row_stride, x, rows, cols); return;
+      case dtype::bf16: ggml_half<bf16_to_fp32, fp32_to_bf16>(out, W, row_stride, x, rows, cols); return;
+      case dtype::q8_0: ggml_q8_0(out, W, row_stride, x, rows, cols); return;
+      case dtype::q4_0: ggml_q4_0(out, W, row_stride, x, rows, cols); return;
+      case dtype::q4_k: ggml_q4_k(out, W, row_stride, x, rows, cols); return;
+      case dtype::q6_k: ggml_q6_k(out, W, row_stride, x, rows, cols); return;
+      default: break;
+    }
+  }
+  // exact: dequantize each row, then run.c's column-order sum.
+  std::vector<float>& w = row_scratch(cols);
+  for (int r = 0; r < rows; ++r) {
+    dequantize_row(t, W + r * row_stride, w.data(), cols);
+    float val = 0.0f;
+    for (int c = 0; c < cols; ++c) val += w[c] * x[c];
+    out[r] = val;
+  }
+}
+
+}  // namespace cellshard::kernels::ref

@@ -1,0 +1,227 @@
+// model_file for GGUF files of the `llama` architecture: the config from
+// metadata, the tensors by their GGUF names, kept in their type.
+//
+// Names and shapes (ggml order ne = {cols, rows}; llama.cpp's llama-arch):
+//   token_embd.weight {dim, vocab}, output_norm.weight {dim},
+//   output.weight {dim, vocab} (absent: tied to token_embd),
+//   blk.N.attn_norm.weight {dim}, blk.N.attn_q.weight {dim, dim},
+//   blk.N.attn_k.weight / attn_v.weight {dim, kv_dim},
+//   blk.N.attn_output.weight {dim, dim}, blk.N.ffn_norm.weight {dim},
+//   blk.N.ffn_gate.weight (w1) / ffn_up.weight (w3) {dim, hidden},
+//   blk.N.ffn_down.weight (w2) {hidden, dim}.
+// llama.cpp's converters store Q and K rows already permuted into the
+// adjacent-pair RoPE order run.c uses, so no permutation is applied here.
+#include "model/checkpoint.hpp"
+#include "model/gguf.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace cellshard::model {
+
+namespace {
+
+std::string shape_text(uint64_t cols, uint64_t rows) {
+  return rows ? "[" + std::to_string(cols) + ", " + std::to_string(rows) + "]"
+              : "[" + std::to_string(cols) + "]";
+}
+
+}  // namespace
+
+const char* model_file::format_name() const {
+  if (gguf_) return "gguf";
+  if (quantized_) return "csq8";
+  return "llama2.c";
+}
+
+kernels::matmul_mode model_file::default_matmul() const {
+  return non_f32_ ? kernels::matmul_mode::ggml : kernels::matmul_mode::exact;
+}
+
+result<void> model_file::init_gguf(const std::string& name, load_options opts) {
+  gguf::open_options go;
+  go.force_swap = opts.force_swap;
+  auto gr = mapped_ ? gguf::file::open(path_, go)
+                    : gguf::file::from_bytes(owned_, name, go);
+  if (!gr) return gr.err();
+  gguf_ = *gr;
+  const gguf::file& g = *gguf_;
+
+  auto arch = g.get_string("general.architecture");
+  if (!arch) return arch.err();
+  if (*arch != "llama")
+    return make_error(name + ": unsupported architecture " + *arch +
+                      " (general.architecture; cellshard runs llama)");
+  const std::string a = *arch + ".";
+  if (const auto* e = g.find(a + "expert_count"))
+    if (e->is_integer() && (e->u > 0 || e->i > 0))
+      return make_error(name + ": MoE not supported yet (" + a + "expert_count = " +
+                        std::to_string(e->u ? e->u : static_cast<uint64_t>(e->i)) + ")");
+
+  // Positive integer keys, bounded like the llama2.c header fields.
+  constexpr int64_t limit = 1 << 24;
+  auto need = [&](const std::string& key, int* out) -> result<void> {
+    auto v = g.get_int(key);
+    if (!v) return v.err();
+    if (*v <= 0 || *v > limit)
+      return make_error(name + ": key " + key + " is " + std::to_string(*v) +
+                        ", expected a positive value below " + std::to_string(limit));
+    *out = static_cast<int>(*v);
+    return {};
+  };
+  config c;
+  for (auto r : {need(a + "embedding_length", &c.dim), need(a + "block_count", &c.n_layers),
+                 need(a + "feed_forward_length", &c.hidden_dim),
+                 need(a + "attention.head_count", &c.n_heads),
+                 need(a + "context_length", &c.seq_len)})
+    if (!r) return r.err();
+  c.n_kv_heads = c.n_heads;
+  if (g.has(a + "attention.head_count_kv")) {
+    auto r = need(a + "attention.head_count_kv", &c.n_kv_heads);
+    if (!r) return r.err();
+  }
+  if (g.has(a + "attention.layer_norm_rms_epsilon")) {
+    auto e = g.get_f32(a + "attention.layer_norm_rms_epsilon");
+    if (!e) return e.err();
+    if (!(*e > 0.0f) || !std::isfinite(*e))
+      return make_error(name + ": key " + a + "attention.layer_norm_rms_epsilon is " +
+                        std::to_string(*e) + ", expected a positive value");
+    c.rms_eps = *e;
+  }
+  if (g.has(a + "rope.freq_base")) {
+    auto t = g.get_f32(a + "rope.freq_base");
+    if (!t) return t.err();
+    if (!(*t > 0.0f) || !std::isfinite(*t))
+      return make_error(name + ": key " + a + "rope.freq_base is " + std::to_string(*t) +
+                        ", expected a positive value");
+    c.rope_theta = *t;
+  }
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 || c.head_size() % 2 != 0)
+    return make_error(name + ": " + a + "embedding_length " + std::to_string(c.dim) +
+                      ", head_count " + std::to_string(c.n_heads) + ", head_count_kv " +
+                      std::to_string(c.n_kv_heads) +
+                      ": expected dim divisible by heads, heads by kv heads, and an even head size");
+  if (g.has(a + "rope.dimension_count")) {
+    auto rd = g.get_int(a + "rope.dimension_count");
+    if (!rd) return rd.err();
+    if (*rd != c.head_size())
+      return make_error(name + ": key " + a + "rope.dimension_count is " + std::to_string(*rd) +
+                        ", expected the head size " + std::to_string(c.head_size()) +
+                        " (partial rotary embeddings are not supported)");
+  }
+  // Kernels today use run.c's constants; refuse rather than compute wrongly.
+  if (c.rms_eps != 1e-5f || c.rope_theta != 10000.0f) {
+    std::ostringstream os;
+    os << name << ": rms epsilon " << c.rms_eps << " / rope base " << c.rope_theta
+       << " not supported yet (the kernels use 1e-05 and 10000)";
+    return make_error(os.str());
+  }
+  if (g.find_tensor("rope_freqs.weight"))
+    return make_error(name + ": tensor rope_freqs.weight (Llama 3.1 RoPE scaling) is not supported yet");
+
+  auto emb_t = g.tensor("token_embd.weight");
+  if (!emb_t) return emb_t.err();
+  if ((*emb_t)->ne.size() != 2 || (*emb_t)->ne[0] != static_cast<uint64_t>(c.dim))
+    return make_error(name + ": tensor token_embd.weight has shape " + (*emb_t)->shape_string() +
+                      ", expected [" + std::to_string(c.dim) + ", vocab] (" + a +
+                      "embedding_length " + std::to_string(c.dim) + ")");
+  const uint64_t vocab = (*emb_t)->ne[1];
+  if (const auto* toks = g.find("tokenizer.ggml.tokens"))
+    if (toks->type == gguf::value_type::array && toks->count != vocab)
+      return make_error(name + ": tokenizer.ggml.tokens has " + std::to_string(toks->count) +
+                        " tokens, but token_embd.weight has " + std::to_string(vocab) + " rows");
+  if (vocab == 0 || vocab > static_cast<uint64_t>(limit))
+    return make_error(name + ": token_embd.weight has " + std::to_string(vocab) + " rows, expected 1.." +
+                      std::to_string(limit));
+  c.vocab_size = static_cast<int>(vocab);
+  c.shared_classifier = g.find_tensor("output.weight") == nullptr;
+  if (opts.ctx > 0) c.seq_len = opts.ctx;
+  cfg_ = c;
+
+  // Looks up a tensor, checks its shape and type, converts its byte order.
+  auto load = [&](const std::string& tname, uint64_t cols, uint64_t rows,
+                  tensor_view* out) -> result<void> {
+    auto t = g.tensor(tname);
+    if (!t) return t.err();
+    const gguf::tensor_info& ti = **t;
+    const bool shape_ok = rows ? (ti.ne.size() == 2 && ti.ne[0] == cols && ti.ne[1] == rows)
+                               : (ti.ne.size() == 1 && ti.ne[0] == cols);
+    if (!shape_ok)
+      return make_error(name + ": tensor " + tname + " has shape " + ti.shape_string() +
+                        ", expected " + shape_text(cols, rows) + " from the metadata (" +
+                        c.to_string() + ")");
+    kernels::dtype dt;
+    if (!kernels::dtype_from_ggml(ti.type, &dt))
+      return make_error(name + ": tensor " + tname + " has type " +
+                        gguf::ggml_type_name(ti.type) +
+                        ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+    out->type = dt;
+    out->cols = static_cast<int>(cols);
+    out->rows = static_cast<int>(rows ? rows : 1);
+    out->row_bytes = kernels::row_bytes(dt, out->cols);
+    out->data = ti.data;
+    if (g.swapped()) {
+      converted_.emplace_back(ti.data, ti.data + ti.bytes);
+      kernels::swap_rows(dt, converted_.back().data(), out->rows, out->cols);
+      out->data = converted_.back().data();
+    }
+    if (dt != kernels::dtype::f32 && rows) non_f32_ = true;
+    return {};
+  };
+  // A norm vector as f32 (converted when the file stores another type).
+  auto norm = [&](const std::string& tname, const float** out) -> result<void> {
+    tensor_view v;
+    auto r = load(tname, c.dim, 0, &v);
+    if (!r) return r;
+    if (v.type == kernels::dtype::f32 &&
+        reinterpret_cast<uintptr_t>(v.data) % alignof(float) == 0) {
+      *out = reinterpret_cast<const float*>(v.data);
+      return {};
+    }
+    converted_.emplace_back(static_cast<size_t>(c.dim) * sizeof(float));
+    kernels::dequantize_row(v.type, v.data, reinterpret_cast<float*>(converted_.back().data()),
+                            c.dim);
+    *out = reinterpret_cast<const float*>(converted_.back().data());
+    return {};
+  };
+  converted_.reserve(static_cast<size_t>(c.n_layers) * 9 + 4);
+  const uint64_t d = c.dim, kv = c.kv_dim(), h = c.hidden_dim;
+  if (auto r = load("token_embd.weight", d, vocab, &t_emb_); !r) return r;
+  if (c.shared_classifier) {
+    t_cls_ = t_emb_;
+  } else if (auto r = load("output.weight", d, vocab, &t_cls_); !r) {
+    return r;
+  }
+  if (auto r = norm("output_norm.weight", &rms_final_); !r) return r;
+  auto f32_of = [](const tensor_view& v) {
+    return v.type == kernels::dtype::f32 ? reinterpret_cast<const float*>(v.data) : nullptr;
+  };
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    typed_layer_view t;
+    layer_view v{};
+    for (auto r : {load(p + "attn_q.weight", d, d, &t.wq), load(p + "attn_k.weight", d, kv, &t.wk),
+                   load(p + "attn_v.weight", d, kv, &t.wv),
+                   load(p + "attn_output.weight", d, d, &t.wo),
+                   load(p + "ffn_gate.weight", d, h, &t.w1),
+                   load(p + "ffn_down.weight", h, d, &t.w2),
+                   load(p + "ffn_up.weight", d, h, &t.w3), norm(p + "attn_norm.weight", &v.rms_att),
+                   norm(p + "ffn_norm.weight", &v.rms_ffn)})
+      if (!r) return r;
+    v.wq = f32_of(t.wq);
+    v.wk = f32_of(t.wk);
+    v.wv = f32_of(t.wv);
+    v.wo = f32_of(t.wo);
+    v.w1 = f32_of(t.w1);
+    v.w2 = f32_of(t.w2);
+    v.w3 = f32_of(t.w3);
+    t_layers_.push_back(t);
+    g_layers_.push_back(v);
+  }
+  emb_ = f32_of(t_emb_);
+  wcls_ = f32_of(t_cls_);
+  return {};
+}
+
+}  // namespace cellshard::model

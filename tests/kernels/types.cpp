@@ -1,0 +1,277 @@
+// Weight types: dequantization of each ggml block layout against blocks packed
+// here from the layout's description (independent of the dequantizer's loops),
+// quantizers' round trips, byte swapping, and the typed matvec of every
+// backend in both matmul modes against reference and against double math.
+#include "kernels/backend.hpp"
+#include "kernels/reference.hpp"
+#include "kernels/spe.hpp"
+#include "kernels/types.hpp"
+#include "tests/kernels/common.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+using namespace cellshard;
+using namespace cellshard::kernels;
+
+namespace {
+
+// q4_K: pack 8 (scale, min) pairs of 6 bits and 256 4-bit values.
+block_q4_k pack_q4_k(float d, float dmin, const int sc[8], const int m[8], const int q[256]) {
+  block_q4_k b{};
+  b.d = fp32_to_fp16(d);
+  b.dmin = fp32_to_fp16(dmin);
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    b.scales[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+    b.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+  }
+  for (int e = 0; e < 256; ++e) {
+    const int sb = e / 32, l = e % 32;
+    uint8_t& byte = b.qs[32 * (sb / 2) + l];
+    byte = static_cast<uint8_t>(sb % 2 ? (byte & 0x0F) | (q[e] << 4) : (byte & 0xF0) | q[e]);
+  }
+  return b;
+}
+
+// q6_K: 256 6-bit values (0..63, stored with +32 bias) and 16 int8 scales.
+block_q6_k pack_q6_k(float d, const int8_t sc[16], const int q[256]) {
+  block_q6_k b{};
+  b.d = fp32_to_fp16(d);
+  std::memcpy(b.scales, sc, 16);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, r = e % 128, quad = r / 32, l = r % 32;
+    const int v = q[e];
+    uint8_t& lo = b.ql[64 * h + l + (quad % 2) * 32];
+    lo = static_cast<uint8_t>(quad < 2 ? (lo & 0xF0) | (v & 0xF) : (lo & 0x0F) | ((v & 0xF) << 4));
+    b.qh[32 * h + l] |= static_cast<uint8_t>(((v >> 4) & 3) << (2 * quad));
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("types: layouts and sizes", "[kernels][types]") {
+  CHECK(row_bytes(dtype::f32, 64) == 256);
+  CHECK(row_bytes(dtype::f16, 64) == 128);
+  CHECK(row_bytes(dtype::bf16, 64) == 128);
+  CHECK(row_bytes(dtype::q8_0, 64) == 68);
+  CHECK(row_bytes(dtype::q4_0, 64) == 36);
+  CHECK(row_bytes(dtype::q4_k, 512) == 288);
+  CHECK(row_bytes(dtype::q6_k, 512) == 420);
+  for (int i = 0; i < static_cast<int>(dtype::count); ++i) {
+    dtype back;
+    REQUIRE(dtype_from_ggml(ggml_type_of(static_cast<dtype>(i)), &back));
+    CHECK(back == static_cast<dtype>(i));
+  }
+  dtype t;
+  CHECK_FALSE(dtype_from_ggml(6, &t));  // Q5_0
+}
+
+TEST_CASE("types: bf16 conversions", "[kernels][types]") {
+  CHECK(fp32_to_bf16(1.0f) == 0x3f80);
+  CHECK(bf16_to_fp32(0x3f80) == 1.0f);
+  CHECK(bf16_to_fp32(0xc040) == -3.0f);
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1.0078125: ties to even (1.0).
+  CHECK(bf16_to_fp32(fp32_to_bf16(1.00390625f)) == 1.0f);
+  // 1 + 3 * 2^-8 is halfway between 1.0078125 and 1.015625: to even (1.015625).
+  CHECK(bf16_to_fp32(fp32_to_bf16(1.01171875f)) == 1.015625f);
+  CHECK(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
+}
+
+TEST_CASE("types: dequantization of each type against its layout", "[kernels][types]") {
+  SECTION("q8_0") {
+    q8_block b{};
+    b.d = fp32_to_fp16(0.25f);
+    for (int j = 0; j < 32; ++j) b.qs[j] = static_cast<int8_t>(j * 8 - 128);
+    float out[32];
+    dequantize_row(dtype::q8_0, &b, out, 32);
+    for (int j = 0; j < 32; ++j) CHECK(out[j] == 0.25f * (j * 8 - 128));
+  }
+  SECTION("q4_0") {
+    block_q4_0 b{};
+    b.d = fp32_to_fp16(0.5f);
+    for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    float out[32];
+    dequantize_row(dtype::q4_0, &b, out, 32);
+    for (int j = 0; j < 16; ++j) {
+      CHECK(out[j] == 0.5f * (j - 8));
+      CHECK(out[j + 16] == 0.5f * (15 - j - 8));
+    }
+  }
+  SECTION("q4_K") {
+    int sc[8], m[8], q[256];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = 63 - 7 * j;  // uses the top bits of the 6-bit fields
+      m[j] = 5 * j + 20;
+    }
+    for (int e = 0; e < 256; ++e) q[e] = (e * 7 + 3) % 16;
+    const block_q4_k b = pack_q4_k(0.125f, 0.0625f, sc, m, q);
+    float out[256];
+    dequantize_row(dtype::q4_k, &b, out, 256);
+    for (int e = 0; e < 256; ++e) {
+      const double want = 0.125 * sc[e / 32] * q[e] - 0.0625 * m[e / 32];
+      INFO("element " << e);
+      CHECK(out[e] == Approx(want).margin(1e-6));
+    }
+  }
+  SECTION("q6_K") {
+    int8_t sc[16];
+    int q[256];
+    for (int j = 0; j < 16; ++j) sc[j] = static_cast<int8_t>(j * 9 - 70);
+    for (int e = 0; e < 256; ++e) q[e] = (e * 11 + 5) % 64;
+    const block_q6_k b = pack_q6_k(0.03125f, sc, q);
+    float out[256];
+    dequantize_row(dtype::q6_k, &b, out, 256);
+    for (int e = 0; e < 256; ++e) {
+      const double want = 0.03125 * sc[e / 16] * (q[e] - 32);
+      INFO("element " << e);
+      CHECK(out[e] == Approx(want).margin(1e-6));
+    }
+  }
+  SECTION("f16 and bf16") {
+    const uint16_t h[3] = {0x3c00, 0xc000, 0x3800};  // 1, -2, 0.5
+    float out[3];
+    dequantize_row(dtype::f16, h, out, 3);
+    CHECK((out[0] == 1.0f && out[1] == -2.0f && out[2] == 0.5f));
+    const uint16_t b[2] = {0x4040, 0xbf00};  // 3, -0.5
+    dequantize_row(dtype::bf16, b, out, 2);
+    CHECK((out[0] == 3.0f && out[1] == -0.5f));
+  }
+}
+
+TEST_CASE("types: quantizers round-trip within their step", "[kernels][types]") {
+  test::rng r(7);
+  std::vector<float> x(512), back(512);
+  test::fill(r, x.data(), x.size());
+  SECTION("q4_0: error at most half a step (d = max/-8), a whole step where 8 clamps to 7") {
+    std::vector<block_q4_0> q(16);
+    quantize_row_q4_0(x.data(), q.data(), 512);
+    dequantize_row(dtype::q4_0, q.data(), back.data(), 512);
+    for (int b = 0; b < 16; ++b) {
+      const float d = std::fabs(fp16_to_fp32(q[b].d));
+      for (int j = 0; j < 32; ++j) {
+        const float s = x[b * 32 + j] / fp16_to_fp32(q[b].d);  // in [-8, 8]
+        CHECK(std::fabs(back[b * 32 + j] - x[b * 32 + j]) <= d * (s > 7.5f ? 1.0f : 0.5f) + 1e-3f);
+      }
+    }
+  }
+  SECTION("q8_K: bsums and scale") {
+    std::vector<block_q8_k> q(2);
+    quantize_row_q8_k(x.data(), q.data(), 512);
+    for (int b = 0; b < 2; ++b) {
+      for (int g = 0; g < 16; ++g) {
+        int s = 0;
+        for (int j = 0; j < 16; ++j) s += q[b].qs[g * 16 + j];
+        CHECK(q[b].bsums[g] == s);
+      }
+      for (int j = 0; j < 256; ++j)
+        CHECK(std::fabs(q[b].d * q[b].qs[j] - x[b * 256 + j]) <= std::fabs(q[b].d) * 0.5f + 1e-6f);
+    }
+  }
+}
+
+TEST_CASE("types: byte swapping converts every multi-byte field", "[kernels][types]") {
+  block_q6_k b{};
+  b.d = 0x1234;
+  b.ql[0] = 0x56;
+  swap_rows(dtype::q6_k, &b, 1, 256);
+  CHECK(b.d == 0x3412);
+  CHECK(b.ql[0] == 0x56);
+  block_q4_k k{};
+  k.d = 0x0102;
+  k.dmin = 0x0304;
+  swap_rows(dtype::q4_k, &k, 1, 256);
+  CHECK((k.d == 0x0201 && k.dmin == 0x0403));
+  float f[2] = {1.0f, 2.0f};
+  swap_rows(dtype::f32, f, 1, 2);
+  swap_rows(dtype::f32, f, 1, 2);
+  CHECK((f[0] == 1.0f && f[1] == 2.0f));
+}
+
+namespace {
+
+// Random rows of type t: f16/bf16/q8_0/q4_0 by quantizing random floats;
+// q4_K/q6_K as random blocks with small scales.
+std::vector<uint8_t> random_rows(dtype t, int rows, int cols, test::rng& r) {
+  std::vector<uint8_t> out(row_bytes(t, cols) * rows);
+  std::vector<float> x(cols);
+  for (int i = 0; i < rows; ++i) {
+    uint8_t* row = out.data() + row_bytes(t, cols) * i;
+    if (t == dtype::q4_k || t == dtype::q6_k) {
+      for (size_t j = 0; j < row_bytes(t, cols); ++j) row[j] = static_cast<uint8_t>(r.next());
+      for (int b = 0; b < cols / qk_k; ++b) {
+        if (t == dtype::q4_k) {
+          auto* k = reinterpret_cast<block_q4_k*>(row) + b;
+          k->d = fp32_to_fp16(r.uniform(0.001f, 0.01f));
+          k->dmin = fp32_to_fp16(r.uniform(0.001f, 0.01f));
+        } else {
+          reinterpret_cast<block_q6_k*>(row)[b].d = fp32_to_fp16(r.uniform(-0.001f, 0.001f));
+        }
+      }
+    } else {
+      test::fill(r, x.data(), cols);
+      REQUIRE(quantize_row(t, x.data(), row, cols));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("matvec_typed conforms on every backend for every type and mode",
+          "[kernels][conformance][types]") {
+  test::register_cell_backends();
+  struct shape {
+    int rows, cols, pad_blocks;  // pad_blocks: extra blocks per row (a column slice)
+  };
+  const shape shapes[] = {{1, 256, 0}, {7, 512, 1}, {33, 256, 2}, {172, 512, 0}, {64, 768, 3}};
+  for (int ti = 0; ti < static_cast<int>(dtype::count); ++ti) {
+    const dtype t = static_cast<dtype>(ti);
+    for (const shape& sh : shapes) {
+      test::rng r(100u + ti * 7 + sh.rows);
+      const int full_cols = sh.cols + sh.pad_blocks * block_elems(t);
+      const auto W = random_rows(t, sh.rows, full_cols, r);
+      const size_t stride = row_bytes(t, full_cols);
+      // The slice starts `pad_blocks` blocks into each row.
+      const uint8_t* slice = W.data() + static_cast<size_t>(sh.pad_blocks) * block_bytes(t);
+      std::vector<float> x(sh.cols);
+      test::fill(r, x.data(), x.size());
+      // Independent: double sums over dequantized rows.
+      std::vector<float> wrow(full_cols);
+      std::vector<double> exact(sh.rows);
+      for (int i = 0; i < sh.rows; ++i) {
+        dequantize_row(t, W.data() + stride * i, wrow.data(), full_cols);
+        double s = 0;
+        for (int c = 0; c < sh.cols; ++c)
+          s += static_cast<double>(wrow[sh.pad_blocks * block_elems(t) + c]) * x[c];
+        exact[i] = s;
+      }
+      for (auto mode : {matmul_mode::exact, matmul_mode::ggml}) {
+        std::vector<float> want(sh.rows);
+        ref::matvec_typed(want.data(), slice, t, stride, x.data(), sh.rows, sh.cols, mode);
+        // Against double math: exact mode only sums in f32; ggml mode also
+        // rounds the activations (q8 blocks: ~1e-5 relative error).
+        double num = 0, den = 0;
+        for (int i = 0; i < sh.rows; ++i) {
+          num += (want[i] - exact[i]) * (want[i] - exact[i]);
+          den += exact[i] * exact[i];
+        }
+        const bool rounded = mode == matmul_mode::ggml && t != dtype::f32;
+        INFO(to_string(t) << " " << to_string(mode) << " " << sh.rows << "x" << sh.cols);
+        CHECK(num / den <= (rounded ? 1e-3 : 1e-10));
+        for (const auto& name : backend_names()) {
+          const backend* be = find_backend(name);
+          if (!be->matvec_typed) continue;  // a backend registered without the slot
+          std::vector<float> got(sh.rows, NAN);
+          be->matvec_typed(got.data(), slice, t, stride, x.data(), sh.rows, sh.cols, mode);
+          INFO(name);
+          CHECK(test::nmse(got.data(), want.data(), sh.rows) <= (name == "spu-host" ? 1e-9 : 1e-10));
+        }
+      }
+    }
+  }
+}

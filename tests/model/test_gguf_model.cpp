@@ -1,0 +1,320 @@
+// GGUF models through the engine: the llama2.c fixtures from stories260K.gguf,
+// llama.cpp's greedy ids on llama2-small-f32.gguf, the F16/Q8_0 files against
+// their F32 source, llama.cpp's logits on llama2-small-q8_0.gguf under
+// --matmul ggml, and the model-level errors (architecture, MoE, shapes, types).
+#include "kernels/backend.hpp"
+#include "kernels/types.hpp"
+#include "model/generate.hpp"
+#include "model/gguf.hpp"
+#include "model/transformer.hpp"
+#include "tests/support.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+using namespace cellshard;
+
+namespace {
+
+std::shared_ptr<const model::model_file> open_model(const std::string& rel, int ctx = 0) {
+  model::load_options o;
+  o.ctx = ctx;
+  auto f = model::model_file::open(test::shared_file(rel), o);
+  INFO((f.ok() ? std::string() : f.message()));
+  REQUIRE(f.ok());
+  return *f;
+}
+
+// Logits of each position after feeding `ids` one per step.
+std::vector<std::vector<float>> logits_of(std::shared_ptr<const model::model_file> f,
+                                          const std::vector<int>& ids,
+                                          kernels::matmul_mode mode,
+                                          const char* backend = "reference") {
+  auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg()),
+                                      model::weight_format::f32, mode);
+  REQUIRE(w.ok());
+  model::engine eng(*w, *kernels::find_backend(backend));
+  std::vector<std::vector<float>> out;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const float* l = eng.forward(ids[p], static_cast<int>(p));
+    out.emplace_back(l, l + f->cfg().vocab_size);
+  }
+  return out;
+}
+
+int argmax(const std::vector<float>& v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+double nmse(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double num = 0, den = 0;
+  for (size_t p = 0; p < a.size(); ++p)
+    for (size_t i = 0; i < a[p].size(); ++i) {
+      num += (double(a[p][i]) - b[p][i]) * (double(a[p][i]) - b[p][i]);
+      den += double(b[p][i]) * b[p][i];
+    }
+  return num / den;
+}
+
+// Greedy continuation: prompt ids, then `n` argmax ids (no stop).
+std::vector<int> greedy(std::shared_ptr<const model::model_file> f, std::vector<int> ids, int n,
+                        const char* backend) {
+  auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg()));
+  REQUIRE(w.ok());
+  model::engine eng(*w, *kernels::find_backend(backend));
+  std::vector<int> gen;
+  const size_t np = ids.size();
+  for (size_t p = 0; p + 1 < np + n; ++p) {
+    const float* l = eng.forward(ids[p], static_cast<int>(p));
+    if (p + 1 >= np) {
+      const int next = static_cast<int>(std::max_element(l, l + f->cfg().vocab_size) - l);
+      gen.push_back(next);
+      ids.push_back(next);
+    }
+  }
+  return gen;
+}
+
+}  // namespace
+
+TEST_CASE("gguf model: stories260K.gguf config, --ctx and tied classifier", "[gguf][model]") {
+  if (test::shared_file("models/gguf/stories260K.gguf").empty()) return;
+  auto f = open_model("models/gguf/stories260K.gguf");
+  const auto& c = f->cfg();
+  CHECK(std::string(f->format_name()) == "gguf");
+  CHECK(c.dim == 64);
+  CHECK(c.hidden_dim == 172);
+  CHECK(c.n_layers == 5);
+  CHECK(c.n_heads == 8);
+  CHECK(c.n_kv_heads == 4);
+  CHECK(c.vocab_size == 512);
+  CHECK(c.seq_len == 128);  // the file's context_length
+  CHECK_FALSE(c.shared_classifier);  // llama.cpp's converter writes output.weight
+  CHECK(f->default_matmul() == kernels::matmul_mode::exact);
+  CHECK(open_model("models/gguf/stories260K.gguf", 512)->cfg().seq_len == 512);
+  // Same weights as the llama2.c file.
+  auto bin = model::model_file::open(test::shared_file("models/stories260K.bin")).value();
+  CHECK(std::memcmp(bin->layer(3).w2, f->layer(3).w2, 64 * 172 * 4) == 0);
+  CHECK(std::memcmp(bin->token_embedding(), f->token_embedding(), 64 * 512 * 4) == 0);
+}
+
+TEST_CASE("gguf model: every llama2.c fixture from stories260K.gguf with --ctx 512",
+          "[gguf][model][fixtures]") {
+  if (test::shared_file("models/gguf/stories260K.gguf").empty()) return;
+  auto f = open_model("models/gguf/stories260K.gguf", 512);
+  auto tok = model::tokenizer::open(test::shared_file("models/tok512.bin"));
+  REQUIRE(tok.ok());
+  auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg()));
+  REQUIRE(w.ok());
+  for (const char* be_name : {"reference", "blas", "spe"}) {
+    const kernels::backend* be = kernels::find_backend(be_name);
+    REQUIRE(be != nullptr);
+    for (const auto& fc : test::fixture_cases()) {
+      DYNAMIC_SECTION(be_name << " " << fc.name) {
+        model::engine eng(*w, *be);
+        model::generation_params gp;
+        gp.prompt = fc.prompt;
+        gp.steps = fc.steps;
+        gp.sampling = {fc.temperature, fc.topp, fc.seed ? fc.seed : 1};
+        auto res = model::generate(
+            [&](int t, int p) -> result<const float*> { return eng.forward(t, p); }, **tok,
+            f->cfg().vocab_size, gp, nullptr);
+        REQUIRE(res.ok());
+        CHECK(res->ids == test::read_ids(test::shared_file("fixtures/" + fc.name + ".ids")));
+      }
+    }
+  }
+}
+
+TEST_CASE("gguf model: llama.cpp's greedy ids on llama2-small-f32.gguf", "[gguf][model]") {
+  const auto ref_path = test::shared_file("models/gguf/gguf-small-reference-ids.json");
+  if (ref_path.empty()) return;
+  const auto ref = nlohmann::json::parse(test::read_file(ref_path));
+  auto f = open_model("models/gguf/llama2-small-f32.gguf");
+  CHECK(f->cfg().n_kv_heads == 4);
+  CHECK_FALSE(f->cfg().shared_classifier);
+  int runs = 0;
+  for (const auto& run : ref["runs"]) {
+    if (run["model"] != "llama2-small-f32.gguf") continue;
+    const auto prompt = run["prompt_ids"].get<std::vector<int>>();
+    const auto want = run["generated_ids"].get<std::vector<int>>();
+    for (const char* be : {"reference", "blas", "spe"}) {
+      INFO(be << " prompt '" << run["prompt"].get<std::string>() << "'");
+      CHECK(greedy(f, prompt, static_cast<int>(want.size()), be) == want);
+    }
+    ++runs;
+  }
+  CHECK(runs == 2);
+}
+
+TEST_CASE("gguf model: llama.cpp's logits on llama2-small-q8_0.gguf under --matmul ggml",
+          "[gguf][model][ggml]") {
+  const auto lpath = test::shared_file("models/gguf/llama2-small-q8_0.once_upon_a_time.logits.f32");
+  if (lpath.empty()) return;
+  const auto ref = nlohmann::json::parse(
+      test::read_file(test::shared_file("models/gguf/llama2-small-q8_0-reference.json")));
+  auto f = open_model("models/gguf/llama2-small-q8_0.gguf");
+  CHECK(f->has_non_f32());
+  CHECK(f->default_matmul() == kernels::matmul_mode::ggml);
+  std::vector<int> ids = ref["prompt_ids"].get<std::vector<int>>();
+  const auto gen = ref["generated_ids"].get<std::vector<int>>();
+  ids.insert(ids.end(), gen.begin(), gen.begin() + 3);  // positions 5-7: the first greedy ids
+  const std::string raw = test::read_file(lpath);
+  REQUIRE(raw.size() == 8 * 512 * 4);
+  std::vector<std::vector<float>> want(8, std::vector<float>(512));
+  for (int p = 0; p < 8; ++p) std::memcpy(want[p].data(), raw.data() + p * 512 * 4, 512 * 4);
+  for (auto mode : {kernels::matmul_mode::ggml, kernels::matmul_mode::exact}) {
+    const auto got = logits_of(f, ids, mode);
+    int same_top1 = 0;
+    for (int p = 0; p < 8; ++p) same_top1 += argmax(got[p]) == argmax(want[p]);
+    const double e = nmse(got, want);
+    WARN("llama2-small-q8_0 vs llama.cpp, --matmul " << kernels::to_string(mode) << ": NMSE "
+                                                     << e << ", top-1 same on " << same_top1
+                                                     << "/8");
+    if (mode == kernels::matmul_mode::ggml) {
+      CHECK(e <= 5e-3);
+      CHECK(same_top1 >= 7);
+    }
+  }
+}
+
+TEST_CASE("gguf model: F16 and Q8_0 files against their F32 source", "[gguf][model]") {
+  if (test::shared_file("models/gguf/stories260K-f16.gguf").empty()) return;
+  auto f32 = open_model("models/gguf/stories260K.gguf");
+  const std::vector<int> ids = {1, 403, 407, 261, 378, 400, 151, 19};
+  const auto base = logits_of(f32, ids, kernels::matmul_mode::exact);
+  for (const char* name : {"stories260K-f16.gguf", "stories260K-q8_0.gguf"}) {
+    auto f = open_model(std::string("models/gguf/") + name);
+    CHECK(f->has_non_f32());
+    for (auto mode : {kernels::matmul_mode::exact, kernels::matmul_mode::ggml}) {
+      for (const char* be : {"reference", "blas", "spe"}) {
+        const auto got = logits_of(f, ids, mode, be);
+        const double e = nmse(got, base);
+        if (std::string(be) == "reference")
+          WARN(name << " --matmul " << kernels::to_string(mode) << " vs F32: NMSE " << e);
+        INFO(name << " " << be << " " << kernels::to_string(mode));
+        CHECK(e < (std::string(name).find("f16") != std::string::npos ? 1e-5 : 5e-3));
+      }
+    }
+  }
+}
+
+TEST_CASE("gguf model: llama-2-tiny-random.gguf (F16, 32000 tokens) loads and runs",
+          "[gguf][model]") {
+  if (test::shared_file("models/gguf/llama-2-tiny-random.gguf").empty()) return;
+  auto f = open_model("models/gguf/llama-2-tiny-random.gguf");
+  CHECK(f->cfg().vocab_size == 32000);
+  CHECK(f->cfg().dim == 8);
+  CHECK(f->cfg().seq_len == 4096);
+  const auto exact = logits_of(f, {1, 15043, 3186}, kernels::matmul_mode::exact);
+  const auto ggml = logits_of(f, {1, 15043, 3186}, kernels::matmul_mode::ggml);
+  for (const auto& row : exact)
+    for (float v : row) REQUIRE(std::isfinite(v));
+  CHECK(nmse(ggml, exact) < 1e-5);
+}
+
+namespace {
+
+// stories260K.gguf rewritten with `edit` applied to a copy of its metadata and
+// tensors (tensor data copied unchanged unless dropped).
+std::vector<uint8_t> rewrite(const std::string& path,
+                             const std::function<void(model::gguf::writer&)>& edit,
+                             const std::string& drop_tensor = "") {
+  auto g = model::gguf::file::open(path).value();
+  model::gguf::writer w;
+  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
+  for (const auto& t : g->tensors())
+    if (t.name != drop_tensor)
+      w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+  edit(w);
+  return w.bytes();
+}
+
+std::string load_error(std::vector<uint8_t> bytes) {
+  auto r = model::model_file::from_bytes(std::move(bytes), "edited.gguf");
+  REQUIRE_FALSE(r.ok());
+  return r.message();
+}
+
+}  // namespace
+
+TEST_CASE("gguf model: bad models are clear errors", "[gguf][model][errors]") {
+  const auto path = test::shared_file("models/gguf/stories260K.gguf");
+  if (path.empty()) return;
+  SECTION("a copy loads like the original") {
+    auto r = model::model_file::from_bytes(rewrite(path, [](auto&) {}), "copy.gguf");
+    REQUIRE(r.ok());
+    CHECK((*r)->cfg().dim == 64);
+  }
+  SECTION("unsupported architecture") {
+    CHECK(load_error(rewrite(path, [](auto& w) { w.set_string("general.architecture", "qwen2"); })) ==
+          "edited.gguf: unsupported architecture qwen2 (general.architecture; cellshard runs llama)");
+  }
+  SECTION("MoE") {
+    auto moe = model::model_file::open(test::shared_file("models/gguf/moe-small-f32.gguf"));
+    REQUIRE_FALSE(moe.ok());
+    CHECK_THAT(moe.message(), Catch::Contains("MoE not supported yet (llama.expert_count = 8)"));
+  }
+  SECTION("missing key") {
+    auto b = rewrite(path, [](auto& w) { w.set_string("llama.block_count", "five"); });
+    CHECK(load_error(b) == "edited.gguf: key llama.block_count is string, expected an integer");
+  }
+  SECTION("shape that disagrees with the metadata") {
+    auto b = rewrite(path, [](auto& w) { w.set_u32("llama.feed_forward_length", 173); });
+    CHECK_THAT(load_error(b), Catch::Contains("tensor blk.0.ffn_gate.weight has shape [64, 172], "
+                                              "expected [64, 173] from the metadata"));
+  }
+  SECTION("token count that disagrees with the embedding") {
+    auto b = rewrite(path, [](auto& w) { w.set_string_array("tokenizer.ggml.tokens", {"a", "b"}); });
+    CHECK_THAT(load_error(b), Catch::Contains("tokenizer.ggml.tokens has 2 tokens, but token_embd.weight has 512 rows"));
+  }
+  SECTION("missing tensor") {
+    auto b = rewrite(path, [](auto&) {}, "blk.2.attn_k.weight");
+    CHECK(load_error(b) == "edited.gguf: missing tensor blk.2.attn_k.weight");
+  }
+  SECTION("tensor type without kernels") {
+    auto g = model::gguf::file::open(path).value();
+    model::gguf::writer w;
+    for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
+    for (const auto& t : g->tensors()) {
+      if (t.name == "blk.0.attn_q.weight")  // Q5_0: 22 bytes per 32
+        w.add_tensor(t.name, t.ne, model::gguf::ggml_type::q5_0, std::vector<uint8_t>(64 / 32 * 22 * 64));
+      else
+        w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+    }
+    CHECK(load_error(w.bytes()) == "edited.gguf: tensor blk.0.attn_q.weight has type Q5_0, "
+                                   "supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+  }
+  SECTION("rope base the kernels do not support yet") {
+    auto b = rewrite(path, [](auto& w) { w.set_f32("llama.rope.freq_base", 500000.0f); });
+    CHECK_THAT(load_error(b), Catch::Contains("rope base 500000 not supported yet"));
+  }
+}
+
+TEST_CASE("gguf model: a byte-swapped file loads (big-endian host path)", "[gguf][model]") {
+  const auto path = test::shared_file("models/gguf/stories260K-q8_0.gguf");
+  if (path.empty()) return;
+  // Rewrite every number and every tensor's data in the other byte order,
+  // then read it with force_swap: same logits as the original.
+  auto g = model::gguf::file::open(path).value();
+  model::gguf::writer w;
+  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
+  for (const auto& t : g->tensors()) {
+    std::vector<uint8_t> data(t.data, t.data + t.bytes);
+    kernels::dtype dt;
+    REQUIRE(kernels::dtype_from_ggml(t.type, &dt));
+    kernels::swap_rows(dt, data.data(), static_cast<int>(t.rows()), static_cast<int>(t.ne[0]));
+    w.add_tensor(t.name, t.ne, t.type, std::move(data));
+  }
+  model::load_options o;
+  o.force_swap = true;
+  auto swapped = model::model_file::from_bytes(w.bytes(3, true), "swapped.gguf", o);
+  REQUIRE(swapped.ok());
+  const std::vector<int> ids = {1, 403, 407};
+  CHECK(logits_of(*swapped, ids, kernels::matmul_mode::ggml) ==
+        logits_of(open_model("models/gguf/stories260K-q8_0.gguf"), ids, kernels::matmul_mode::ggml));
+}
