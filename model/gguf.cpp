@@ -68,6 +68,11 @@ public:
              std::to_string(max_string_bytes) + " bytes (corrupt file?)";
       return false;
     }
+    if (len > n_ - at_) {  // before allocating: a short file must not cost len bytes (found by fuzz/gguf.cpp)
+      err_ = name_ + ": " + what + " has length " + std::to_string(len) + " at offset " + std::to_string(at_ - 8) +
+             " but only " + std::to_string(n_ - at_) + " bytes follow (truncated file?)";
+      return false;
+    }
     s.resize(len);
     return read(&s[0], len, what);
   }

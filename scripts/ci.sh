@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test run, as README's test command and CI run it: install what is missing, build,
 # then the ctest suite without the `slow` label. Prints the time of each phase.
-# Further phases (sanitizers, fuzzers, cross builds) are added here, each with its time.
+# Further phases (cross builds, ...) are added here, each with its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase() {
@@ -14,3 +14,8 @@ phase() {
 phase install scripts/install-deps.sh
 phase build scripts/build.sh
 phase test bash -c 'cd build && ctest --output-on-failure -LE slow'
+# The sanitizer build (clang-14, ASan + UBSan, only the targets it needs), the
+# unit and in-process tests under it, then every fuzzer for a few seconds.
+phase sanitize-build scripts/sanitize.sh build
+phase sanitize-test scripts/sanitize.sh test
+phase fuzz env FUZZ_NO_BUILD=1 scripts/fuzz.sh "${CELLSHARD_FUZZ_SECONDS:-5}"

@@ -5,7 +5,9 @@ writes OUTDIR/summary.md and prints the total number of runs.
 A batch with a chaos --json file is counted from it. A batch without one (its
 chaos process was ended by the batch's time bound, or failed to start) is
 counted from its log's per-run lines; its planned runs that have no line are
-counted as hung (the process did not finish them in time).
+counted as hung when the batch's time bound ended it, else (chaos exited with an
+error before its runs, e.g. its fault-free reference run failed) as failed with a
+clear error: no runs are counted for it, the batch is counted in its own column.
 Restarts of healthy nodes: fault records (restarts or moves the runtime
 decided) of a placement index that none of that run's planned faults named.
 """
@@ -23,7 +25,7 @@ line_re = re.compile(r"^(\d+)\s+.*\s(ok|DIVERGED|hung|failed)\s")
 
 def row(name):
     return rows.setdefault(name, {"batches": 0, "runs": 0, "diverged": 0, "hung": 0, "failed": 0,
-                                  "healthy_restarts": 0, "killed_batches": 0})
+                                  "healthy_restarts": 0, "killed_batches": 0, "reference_failed": 0})
 
 
 for meta_path in sorted(glob.glob(os.path.join(out, "batch-*.meta")),
@@ -67,10 +69,15 @@ for meta_path in sorted(glob.glob(os.path.join(out, "batch-*.meta")),
                 counts[kind] += 1
         per_batch = int(os.environ.get("SOAK_RUNS_PER_BATCH", "10"))
         missing = max(0, per_batch - counts["runs"])
-        counts["runs"] += missing
-        counts["hung"] += missing
-        r["killed_batches"] += 1
-        t["killed_batches"] += 1
+        rc = open(base + ".rc").read().strip()
+        if rc in ("124", "137"):  # ended by the batch's time bound: its unfinished runs hung
+            counts["runs"] += missing
+            counts["hung"] += missing
+            r["killed_batches"] += 1
+            t["killed_batches"] += 1
+        else:  # chaos ended with an error before its runs (its fault-free reference failed): no runs
+            r["reference_failed"] += 1
+            t["reference_failed"] += 1
     for k, v in counts.items():
         r[k] += v
         t[k] += v
@@ -78,11 +85,11 @@ for meta_path in sorted(glob.glob(os.path.join(out, "batch-*.meta")),
 t = row("total")
 with open(os.path.join(out, "summary.md"), "w") as f:
     f.write("| configuration | batches | runs | diverged | hung | failed with a clear error | "
-            "restarts of healthy nodes | batches ended by the time bound |\n")
-    f.write("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+            "restarts of healthy nodes | batches ended by the time bound | batches whose chaos failed before its runs |\n")
+    f.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     for name in sorted(k for k in rows if k != "total") + ["total"]:
         r = rows[name]
         f.write(f"| {name} | {r['batches']} | {r['runs']} | {r['diverged']} | {r['hung']} | {r['failed']} | "
-                f"{r['healthy_restarts']} | {r['killed_batches']} |\n")
+                f"{r['healthy_restarts']} | {r['killed_batches']} | {r['reference_failed']} |\n")
     f.write(f"\nStarted {started}.\n\nSoak: {t['runs']} chaos runs, {t['diverged']} diverged, {t['hung']} hung\n")
 print(t["runs"])

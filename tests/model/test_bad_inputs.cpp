@@ -2,6 +2,7 @@
 // exits with its status (2 usage, 1 error) and a message naming the flag or
 // file and what was expected. One table row per input.
 #include "model/checkpoint.hpp"
+#include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "tests/support.hpp"
 
@@ -148,4 +149,21 @@ TEST_CASE("a vocabulary without byte pieces encodes unknown bytes as <unk>, insi
   REQUIRE(t);
   const auto ids = (*t)->encode("ab\xff z", true, true);
   CHECK(ids == std::vector<int>{1, 3, 6, 0, 3, 0, 2});  // BOS, " ", "ab", <unk>, " ", <unk>, EOS
+}
+
+TEST_CASE("a GGUF string longer than the file is refused before it is allocated", "[model][gguf][validation]") {
+  // Found by fuzz/gguf.cpp (fuzz/regressions/gguf/): a 3-byte key claiming
+  // 512 MiB made the reader allocate and clear 512 MiB first.
+  std::vector<uint8_t> b = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
+  auto u64 = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  };
+  u64(0);          // tensors
+  u64(1);          // metadata keys
+  u64(1ull << 29); // the key's length
+  b.insert(b.end(), {'a', 'b', 'c'});
+  auto f = model::gguf::file::from_bytes(b, "short.gguf");
+  REQUIRE(!f);
+  CHECK_THAT(f.message(), Catch::Contains("short.gguf: key of metadata entry 0 has length 536870912") &&
+                              Catch::Contains("but only 3 bytes follow"));
 }
