@@ -35,7 +35,7 @@ std::string absolute_file(const std::string& p) {
 class local_host : public shard_host {
 public:
   local_host(int nodes, int spares, topologies::profile prof,
-             std::shared_ptr<const model::model_file> file)
+             std::shared_ptr<const model::model_file> file, int threads)
       : prof_(std::move(prof)), file_(std::move(file)) {
     specs_ = topologies::make_nodes(nodes, prof_, spares);
     for (const auto& n : specs_) {
@@ -44,6 +44,7 @@ public:
       ns->profile = prof_.name;
       ns->budget_bytes = prof_.memory_bytes;
       ns->shaper = std::make_shared<link_shaper>(prof_.link);
+      if (threads > 1) ns->kernel_pool = std::make_shared<kernels::pool>(threads);
       states_.push_back(ns);
     }
   }
@@ -209,7 +210,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
       if (!l) return make_error("link: " + l.message());
       p.link = *l;
     }
-    im->host = std::make_shared<local_host>(opts.nodes, opts.spares, p, im->file);
+    im->host = std::make_shared<local_host>(opts.nodes, opts.spares, p, im->file, opts.threads);
   }
 
   // Placement, with the memory-fit check, before anything is loaded.

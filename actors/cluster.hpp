@@ -51,12 +51,13 @@ struct cluster_options {
   std::string profile = "host";       // host | ps3 | ps3-slim | rpi5
   uint64_t memory = 0;                // per-node budget override in bytes (0: the profile's)
   std::string link;                   // per-node link override "BANDWIDTH:LATENCY" ("": the profile's)
-  std::string kernels = "blas";       // kernel backend
+  std::string kernels = "native";     // kernel backend
   std::string weights = "f32";        // f32 | q8_0
   int sessions = 1;                   // concurrent sessions the memory check plans for
 
   int caf_threads = 2;   // scheduler.max-threads (CAF defaults to 4 on 2 cores)
   int blas_threads = 1;  // OpenBLAS threads per call (shards already run in parallel)
+  int threads = 1;       // kernel threads per in-process node (kernels::pool; 1 = none)
   std::chrono::milliseconds step_timeout{30000};      // ceiling of a step's deadline (and of requests)
   std::chrono::milliseconds step_timeout_min{2000};   // first deadline of a prefill; floor of a decode
                                                       // step's (10x its moving average); doubled per re-send

@@ -300,6 +300,10 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
   st.node = std::make_shared<node_state>();
   auto prof = topologies::find_profile(st.opts.profile);
   st.node->profile = st.opts.profile;
+  {
+    const int kt = st.opts.threads > 0 ? st.opts.threads : kernels::available_cpus();
+    if (kt > 1) st.node->kernel_pool = std::make_shared<kernels::pool>(kt);
+  }
   st.node->budget_bytes = st.opts.memory ? st.opts.memory : (prof ? prof->memory_bytes : 0);
   {
     topologies::link_spec link = prof ? prof->link : topologies::link_spec{};

@@ -56,6 +56,7 @@ struct daemon_options {
   net_options net;                 // heartbeats, connection timeout, TLS, CAF threads
   std::chrono::milliseconds peer_timeout{5000};  // deadline of a connection to another daemon
   int blas_threads = 1;            // OpenBLAS threads per call
+  int threads = 0;                 // kernel threads (kernels::pool); 0 = the CPUs this process may use
   /// Where the daemon reports joins, spawns and departures (one line each,
   /// no newline); null: silent. Called from CAF threads.
   std::function<void(const std::string&)> log;

@@ -35,7 +35,7 @@ struct shard_request {
   const topologies::shard* placed = nullptr;   // the placement's shard
   model::slice_spec spec;                      // the same as a slice of the model
   model::weight_format weights = model::weight_format::f32;
-  std::string kernels = "blas";
+  std::string kernels = "native";
   // Runtime hooks of the shard (shard_init): checkpoint interval, fault
   // injection, the node's heartbeat sender, and the coordinator.
   int checkpoint_every = 16;

@@ -404,7 +404,7 @@ struct shard_spawn {
   int32_t ffn_begin = 0, ffn_end = 0;
   bool embedding = false, classifier = false;
   std::string weights = "f32";   // f32 | q8_0
-  std::string kernels = "blas";
+  std::string kernels = "native";
   uint64_t kv_bytes = 0;         // the placement's KV cache and buffer need beyond
   uint64_t buffer_bytes = 0;     // the weights (checked against the node's budget)
   int32_t checkpoint_every = 16;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "actors/transport.hpp"
+#include "kernels/pool.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -23,6 +24,11 @@ struct node_state {
   std::atomic<int32_t> sessions{0};  // per-session KV caches held by its shards
   /// The node's outgoing links (unshaped by default).
   std::shared_ptr<link_shaper> shaper = std::make_shared<link_shaper>();
+  /// Threads for the kernels of this node's shards (kernels/pool.hpp); null:
+  /// each shard computes on the thread that runs it. Shards install it with a
+  /// kernels::pool::scope around their compute; two shards computing at once
+  /// are safe (the second one's kernels then run on its own thread).
+  std::shared_ptr<kernels::pool> kernel_pool;
 
   /// Charges `bytes`; false (and nothing charged) when the budget would be exceeded.
   bool try_charge(uint64_t bytes) {

@@ -103,7 +103,7 @@ struct runtime_shared {
   topologies::placement plan;
   std::shared_ptr<shard_host> host;
   model::weight_format weights = model::weight_format::f32;
-  std::string kernels = "blas";
+  std::string kernels = "native";
   recovery_options opts;
   std::vector<int> node_of;             // current node of each placement index
   std::vector<caf::actor> actor_of;     // current actor of each placement index

@@ -314,9 +314,11 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
     auto weights = st.init.weights;
     const kernels::backend* be = st.init.backend;
     caf::actor_addr me = self->address();
-    st.worker->post([c = std::move(c), last = std::move(last), weights, be,
+    std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
+    st.worker->post([c = std::move(c), last = std::move(last), weights, be, kpool,
                      me](const std::atomic<bool>& cancelled) mutable {
       if (cancelled) return;
+      kernels::pool::scope use_pool(kpool.get());
       const auto t0 = clock_type::now();
       c.logits.data.resize(weights->cfg().vocab_size);
       model::classify(*be, *weights, last.data(), c.logits.data.data());
@@ -345,8 +347,10 @@ void post_partial(shard_actor* self, uint64_t session, session_state& ss) {
   auto kv = ss.kv;
   auto scr = ss.s;
   caf::actor_addr me = self->address();
+  std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
   st.worker->post([c = std::move(c), count, weights, be, kv, scr,
-                   me](const std::atomic<bool>& cancelled) mutable {
+                   me, kpool](const std::atomic<bool>& cancelled) mutable {
+    kernels::pool::scope use_pool(kpool.get());
     const auto& w = *weights;
     const int dim = w.cfg().dim;
     const auto t0 = clock_type::now();

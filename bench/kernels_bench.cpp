@@ -2,6 +2,8 @@
 #include "bench/kernels_bench.hpp"
 
 #include "kernels/backend.hpp"
+#include "kernels/native.hpp"
+#include "kernels/pool.hpp"
 #include "kernels/spe.hpp"
 
 #include <cblas.h>
@@ -104,9 +106,12 @@ double read_bandwidth(const float* p, std::size_t n, int threads) {
   return static_cast<double>(per * threads * sizeof(float)) / best;
 }
 
+enum class wtype { f32, q8_0, q4_0 };
+
 struct shape {
   int rows, cols;
-  bool q8;
+  wtype type;
+  bool quant() const { return type != wtype::f32; }
 };
 
 std::string fmt(double v, int prec = 3) {
@@ -153,14 +158,22 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
   so.workers = threads;
   kernels::spe::set_options(so);
   kernels::set_blas_threads(threads);
+  // native splits rows over the pool installed on this thread.
+  kernels::pool native_pool(threads);
+  kernels::pool::scope use_pool(&native_pool);
+  const kernels::native::precision saved_precision = kernels::native::active_precision();
 
   // Default: f32 16 MiB (fits the 32 MiB L3 here), 64 MiB, 256 MiB; q8_0
   // 17.0 MiB (fits), 272 MiB.
   const bool custom = o.rows > 0 && o.cols > 0;
   const std::vector<shape> shapes =
-      custom ? std::vector<shape>{{o.rows, o.cols, false}, {o.rows, o.cols, true}}
-             : std::vector<shape>{{2048, 2048, false}, {4096, 4096, false}, {8192, 8192, false},
-                                  {4096, 4096, true},  {16384, 16384, true}};
+      custom ? std::vector<shape>{{o.rows, o.cols, wtype::f32},
+                                  {o.rows, o.cols, wtype::q8_0},
+                                  {o.rows, o.cols, wtype::q4_0}}
+             : std::vector<shape>{{2048, 2048, wtype::f32},    {4096, 4096, wtype::f32},
+                                  {8192, 8192, wtype::f32},    {4096, 4096, wtype::q8_0},
+                                  {16384, 16384, wtype::q8_0}, {4096, 4096, wtype::q4_0},
+                                  {16384, 16384, wtype::q4_0}};
 
   // The bandwidth probe reads 256 MiB by default (more than any cache).
   const std::size_t probe_n = static_cast<std::size_t>(std::max(1, o.probe_mib)) << 18;
@@ -175,11 +188,12 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
     for (std::size_t i = 0; i < probe_n; ++i) buf[i] = r.uniform();
     probe_bps = read_bandwidth(buf.get(), probe_n, threads);
   }
-  out << "bench kernels: " << threads << " thread(s) for blas/spe/sgemv (reference: 1)\n"
+  out << "bench kernels: " << threads << " thread(s) for blas/native/spe/sgemv (reference: 1); native level "
+      << kernels::native::to_string(kernels::native::active_isa()) << "\n"
       << "read bandwidth probe (" << o.probe_mib << " MiB, " << threads << " threads): " << fmt(probe_bps / 1e9, 2)
       << " GB/s\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%-10s %-9s %6s %6s %8s %10s %9s %8s %9s %9s %s\n", "kernel",
+  std::snprintf(line, sizeof line, "%-10s %-11s %6s %6s %8s %10s %9s %8s %9s %9s %s\n", "kernel",
                 "backend", "rows", "cols", "MiB", "ms/call", "GFLOP/s", "GB/s", "x sgemv", "x probe",
                 "dma/weights");
   out << line;
@@ -196,8 +210,10 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
   for (const shape& sh : shapes) {
     const std::size_t n = static_cast<std::size_t>(sh.rows) * sh.cols;
     const std::size_t nb = static_cast<std::size_t>(kernels::q8_blocks_per_row(sh.cols));
-    const double wbytes = sh.q8 ? static_cast<double>(sh.rows) * nb * sizeof(kernels::q8_block)
-                                : static_cast<double>(n) * sizeof(float);
+    const double wbytes =
+        sh.type == wtype::q8_0   ? static_cast<double>(sh.rows) * nb * sizeof(kernels::q8_block)
+        : sh.type == wtype::q4_0 ? static_cast<double>(sh.rows) * nb * sizeof(kernels::q4_block)
+                                 : static_cast<double>(n) * sizeof(float);
     const double io_bytes = wbytes + (sh.cols + sh.rows) * 4.0;
     const double flops = 2.0 * static_cast<double>(n);
     fast_rng r{0x1234567ull + n};
@@ -206,7 +222,19 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
     for (int i = 0; i < sh.cols; ++i) x[i] = r.uniform();
     aligned_ptr<float> W;
     aligned_ptr<kernels::q8_block> Wq;
-    if (sh.q8) {
+    aligned_ptr<kernels::q4_block> W4;
+    if (sh.type == wtype::q4_0) {
+      W4 = alloc<kernels::q4_block>(static_cast<std::size_t>(sh.rows) * nb);
+      if (!W4) {
+        out << "bench kernels: cannot allocate " << mib(wbytes) << " MiB\n";
+        status = 1;
+        break;
+      }
+      for (std::size_t b = 0; b < static_cast<std::size_t>(sh.rows) * nb; ++b) {
+        W4[b].d = kernels::fp32_to_fp16(0.01f + 0.001f * static_cast<float>(r.next() % 16));
+        for (int i = 0; i < 16; ++i) W4[b].qs[i] = static_cast<uint8_t>(r.next());
+      }
+    } else if (sh.type == wtype::q8_0) {
       Wq = alloc<kernels::q8_block>(static_cast<std::size_t>(sh.rows) * nb);
       if (!Wq) {
         out << "bench kernels: cannot allocate " << mib(wbytes) << " MiB\n";
@@ -230,7 +258,7 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
     // Baseline: OpenBLAS sgemv on the f32 matrix of this shape (for q8 shapes
     // too: same product, 3.8x the bytes). Skipped for q8 shapes above 64 MiB of f32.
     double sgemv_s = -1;
-    if (!sh.q8) {
+    if (!sh.quant()) {
       sgemv_s = time_median(
           [&] {
             cblas_sgemv(CblasRowMajor, CblasNoTrans, sh.rows, sh.cols, 1.0f, W.get(), sh.cols,
@@ -247,9 +275,11 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
           },
           o.min_seconds);
     }
-    const char* kname = sh.q8 ? "matvec_q8" : "matvec_f32";
+    const char* kname = sh.type == wtype::q8_0   ? "matvec_q8"
+                        : sh.type == wtype::q4_0 ? "matvec_q4"
+                                                 : "matvec_f32";
     if (sgemv_s > 0) {
-      std::snprintf(line, sizeof line, "%-10s %-9s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
+      std::snprintf(line, sizeof line, "%-10s %-11s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
                     "sgemv_f32", "openblas", sh.rows, sh.cols,
                     mib(static_cast<double>(n) * 4).c_str(), sgemv_s * 1e3, flops / sgemv_s / 1e9,
                     (static_cast<double>(n) * 4 + (sh.cols + sh.rows) * 4.0) / sgemv_s / 1e9,
@@ -265,14 +295,32 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
       rows.push_back(br);
     }
 
+    struct subject {
+      const kernels::backend* be;
+      kernels::native::precision precision;
+      std::string label;
+    };
+    std::vector<subject> subjects;
     for (const kernels::backend* be : bes) {
-      if (sh.q8 && !be->supports(kernels::op::matvec_q8) && be != &kernels::reference_backend())
+      const bool native = be == &kernels::native_backend();
+      if (sh.type == wtype::q8_0 && !be->supports(kernels::op::matvec_q8) &&
+          be != &kernels::reference_backend())
         continue;  // e.g. blas: its q8 slot is reference's loop, measured already
+      if (sh.type == wtype::q4_0 && !native) continue;  // only native has q4_0
+      subjects.push_back({be, kernels::native::precision::exact, be->name});
+      if (native && sh.quant())
+        subjects.push_back({be, kernels::native::precision::ggml, "native/ggml"});
+    }
+    for (const subject& sj : subjects) {
+      const kernels::backend* be = sj.be;
+      kernels::native::set_precision(sj.precision);
       kernels::spe::reset_stats();
       const double s = time_median(
           [&] {
-            if (sh.q8)
+            if (sh.type == wtype::q8_0)
               be->matvec_q8(y.get(), Wq.get(), x.get(), sh.rows, sh.cols);
+            else if (sh.type == wtype::q4_0)
+              kernels::native::matvec_q4(y.get(), W4.get(), x.get(), sh.rows, sh.cols);
             else
               be->matvec(y.get(), W.get(), x.get(), sh.rows, sh.cols, sh.cols);
           },
@@ -290,13 +338,14 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
                   4);
       const double gflops = flops / s / 1e9, gbps = io_bytes / s / 1e9;
       const double vs_sgemv = sgemv_s > 0 ? sgemv_s / s : -1;
-      std::snprintf(line, sizeof line, "%-10s %-9s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
-                    kname, be->name, sh.rows, sh.cols, mib(wbytes).c_str(), s * 1e3, gflops, gbps,
+      std::snprintf(line, sizeof line, "%-10s %-11s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
+                    kname, sj.label.c_str(), sh.rows, sh.cols, mib(wbytes).c_str(), s * 1e3, gflops, gbps,
                     vs_sgemv > 0 ? fmt(vs_sgemv).c_str() : "-", io_bytes / s / probe_bps, dma.c_str());
       out << line;
       const int be_threads = be == &kernels::reference_backend() ? 1 : threads;
       std::map<std::string, std::string> params = {
           {"backend", be->name},
+          {"precision", kernels::native::to_string(sj.precision)},
           {"rows", std::to_string(sh.rows)},
           {"cols", std::to_string(sh.cols)},
           {"threads", std::to_string(be_threads)},
@@ -329,6 +378,7 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
          "OpenBLAS sgemv f32 on the same shape; 'x probe' is GB/s relative to the read "
          "bandwidth probe; dma/weights is the spe backend's DMA-in bytes per weight byte.\n";
   kernels::spe::set_options(saved);
+  kernels::native::set_precision(saved_precision);
   return status;
 }
 

@@ -1,7 +1,8 @@
 // bench/kernels_bench.hpp: `cellshard bench kernels`, the matvec benchmark.
 //
-// For matvec f32 and q8_0 on each backend (same thread count for all: the
-// spe backend's SPE workers, OpenBLAS threads), on a matrix that fits the
+// For matvec f32, q8_0 and q4_0 on each backend (same thread count for all:
+// the spe backend's SPE workers, OpenBLAS threads, native's kernels::pool;
+// native's quantized kernels in exact and ggml precision), on a matrix that fits the
 // last-level cache and on ones of 256 MiB and more: time per call, GFLOP/s
 // and effective GB/s (weight + x + out bytes per second). Beside them, in
 // the same run: OpenBLAS cblas_sgemv on the same shape (the speed baseline)
@@ -30,7 +31,7 @@ struct kernels_bench_options {
   int workers = 0;       // threads for every multi-threaded backend; 0 = hardware threads
   double min_seconds = 0.25;  // per measurement (at least 2 and at most 50 calls)
   int probe_mib = 256;        // size of the read-bandwidth probe's buffer
-  std::vector<std::string> backends = {"reference", "blas", "spe"};
+  std::vector<std::string> backends = {"reference", "blas", "native", "spe"};
 };
 
 /// One measured row (the shape of CLI.md's bench JSON): value with unit, and

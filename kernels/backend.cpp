@@ -1,7 +1,9 @@
 #include "kernels/backend.hpp"
 
+#include "kernels/native.hpp"
 #include "kernels/spe.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -9,8 +11,8 @@
 namespace cellshard::kernels {
 
 const char* to_string(op o) {
-  static const char* names[] = {"matvec",    "matvec_q8", "rmsnorm",     "rope",
-                                "softmax",   "attention", "swiglu",      "matvec_typed"};
+  static const char* names[] = {"matvec",  "matvec_q8", "rmsnorm",      "rope",     "softmax",
+                                "attention", "swiglu", "matvec_typed", "matvec_q4"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<int>(op::count),
                 "one name per op");
   const int i = static_cast<int>(o);
@@ -27,8 +29,8 @@ const char* to_string(matmul_mode m) {
 
 namespace {
 std::vector<const backend*>& registry() {
-  static std::vector<const backend*> r{&reference_backend(), &blas_backend(), &spe_backend(),
-                                       &spu_host_backend()};
+  static std::vector<const backend*> r{&reference_backend(), &blas_backend(), &native_backend(),
+                                       &spe_backend(), &spu_host_backend()};
   return r;
 }
 }  // namespace
@@ -123,6 +125,41 @@ void dequantize_row_q8(const q8_block* in, float* out, int cols) {
   for (int c = 0; c < cols; ++c) {
     const q8_block& b = in[c / q8_block_size];
     out[c] = fp16_to_fp32(b.d) * static_cast<float>(b.qs[c % q8_block_size]);
+  }
+}
+
+// q4_0 format helpers (ggml's reference quantizer, from its published layout).
+
+void quantize_row_q4(const float* x, q4_block* out, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int b = 0; b < nb; ++b) {
+    const int base = b * q8_block_size;
+    auto at = [&](int i) { return base + i < cols ? x[base + i] : 0.0f; };
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < q8_block_size; ++i) {
+      const float v = at(i);
+      if (amax < std::fabs(v)) {
+        amax = std::fabs(v);
+        max = v;
+      }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(15, static_cast<int>(static_cast<int8_t>(at(j) * id + 8.5f)));
+      const int q1 = std::min(15, static_cast<int>(static_cast<int8_t>(at(j + 16) * id + 8.5f)));
+      out[b].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+void dequantize_row_q4(const q4_block* in, float* out, int cols) {
+  for (int c = 0; c < cols; ++c) {
+    const q4_block& b = in[c / q8_block_size];
+    const int j = c % q8_block_size;
+    const int q = j < 16 ? (b.qs[j] & 0x0f) : (b.qs[j - 16] >> 4);
+    out[c] = fp16_to_fp32(b.d) * static_cast<float>(q - 8);
   }
 }
 

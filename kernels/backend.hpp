@@ -54,6 +54,22 @@ enum class dtype : int;  // weight element types, kernels/types.hpp
 enum class matmul_mode : int { exact, ggml, count };
 const char* to_string(matmul_mode m);
 
+/// ggml's Q4_0 block: 32 weights in 4 bits sharing one f16 scale, 18 bytes.
+/// Weight j (0..15) is d * ((qs[j] & 0xF) - 8); weight j+16 is
+/// d * ((qs[j] >> 4) - 8) (ggml-common.h block_q4_0, dequantize_row_q4_0).
+struct q4_block {
+  uint16_t d;
+  uint8_t qs[16];
+};
+static_assert(sizeof(q4_block) == 18, "q4_block must be ggml's 18-byte layout");
+
+/// Quantizes one row of `cols` floats into q8_blocks_per_row(cols) q4 blocks
+/// (ggml quantize_row_q4_0_ref: the value of largest magnitude m gives
+/// d = m / -8, q = min(15, trunc(x/d + 8.5)); last block zero-padded).
+void quantize_row_q4(const float* x, q4_block* out, int cols);
+/// Expands one q4 row back to `cols` floats.
+void dequantize_row_q4(const q4_block* in, float* out, int cols);
+
 /// The operations a backend may provide. `count` is the number of operations.
 enum class op : int {
   matvec,     // f32 matrix-vector product
@@ -64,6 +80,8 @@ enum class op : int {
   attention,
   swiglu,
   matvec_typed,  // matrix-vector product with weights of any dtype
+
+  matvec_q4,  // q4_0 matrix-vector product
   count
 };
 const char* to_string(op o);
@@ -120,6 +138,11 @@ struct backend {
   /// alias out with x.
   void (*matvec_typed)(float* out, const void* W, dtype t, std::size_t row_stride,
                        const float* x, int rows, int cols, matmul_mode mode);
+
+  /// Same product as matvec_q8 with q4_0 weights (q4_block, rows of
+  /// q8_blocks_per_row(cols) blocks). May be null: callers then use
+  /// ref::matvec_q4 (model::matvec does).
+  void (*matvec_q4)(float* out, const q4_block* W, const float* x, int rows, int cols) = nullptr;
 };
 
 /// The backend named `name` ("reference", "blas", "spe", ...) or nullptr.

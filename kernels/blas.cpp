@@ -33,7 +33,7 @@ bool blas_supports(op o) { return o == op::matvec; }
 const backend& blas_backend() {
   static const backend b{"blas",       blas_matvec,    ref::matvec_q8, ref::rmsnorm,
                          ref::rope,    ref::softmax,   ref::attention, ref::swiglu,
-                         blas_supports, blas_matvec_typed};
+                         blas_supports, blas_matvec_typed, ref::matvec_q4};
   return b;
 }
 

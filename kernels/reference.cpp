@@ -33,6 +33,25 @@ void matvec_q8(float* out, const q8_block* W, const float* x, int rows, int cols
   }
 }
 
+void matvec_q4(float* out, const q4_block* W, const float* x, int rows, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int r = 0; r < rows; ++r) {
+    const q4_block* row = W + static_cast<std::size_t>(r) * nb;
+    float val = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const int base = b * q8_block_size;
+      const int n = cols - base < q8_block_size ? cols - base : q8_block_size;
+      float s = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        const int q = i < 16 ? (row[b].qs[i] & 0x0f) : (row[b].qs[i - 16] >> 4);
+        s += static_cast<float>(q - 8) * x[base + i];
+      }
+      val += s * fp16_to_fp32(row[b].d);
+    }
+    out[r] = val;
+  }
+}
+
 void rmsnorm(float* out, const float* x, const float* weight, int n) {
   float ss = 0.0f;
   for (int j = 0; j < n; ++j) ss += x[j] * x[j];
@@ -115,9 +134,9 @@ static bool supports(op o) { return o != op::count; }
 namespace cellshard::kernels {
 
 const backend& reference_backend() {
-  static const backend b{"reference", ref::matvec, ref::matvec_q8, ref::rmsnorm,
-                         ref::rope,   ref::softmax, ref::attention, ref::swiglu,
-                         ref::supports, ref::matvec_typed};
+  static const backend b{"reference",   ref::matvec,    ref::matvec_q8, ref::rmsnorm,
+                         ref::rope,     ref::softmax,   ref::attention, ref::swiglu,
+                         ref::supports, ref::matvec_typed, ref::matvec_q4};
   return b;
 }
 

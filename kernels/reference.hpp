@@ -7,6 +7,7 @@
 namespace cellshard::kernels::ref {
 void matvec(float* out, const float* W, const float* x, int rows, int cols, int ld);
 void matvec_q8(float* out, const q8_block* W, const float* x, int rows, int cols);
+void matvec_q4(float* out, const q4_block* W, const float* x, int rows, int cols);
 void rmsnorm(float* out, const float* x, const float* weight, int n);
 void rope(float* q, int nq, float* k, int nk, int pos, int head_size);
 void softmax(float* x, int n);

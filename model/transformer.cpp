@@ -1,16 +1,21 @@
 #include "model/transformer.hpp"
 
+#include "kernels/reference.hpp"
+
 #include <cstring>
 #include <sstream>
 
 namespace cellshard::model {
 
-const char* to_string(weight_format f) { return f == weight_format::f32 ? "f32" : "q8_0"; }
+const char* to_string(weight_format f) {
+  return f == weight_format::f32 ? "f32" : f == weight_format::q8_0 ? "q8_0" : "q4_0";
+}
 
 result<weight_format> parse_weight_format(const std::string& s) {
   if (s == "f32") return weight_format::f32;
   if (s == "q8_0") return weight_format::q8_0;
-  return make_error("--weights: unknown format '" + s + "', expected f32 or q8_0");
+  if (s == "q4_0") return weight_format::q4_0;
+  return make_error("--weights: unknown format '" + s + "', expected f32, q8_0 or q4_0");
 }
 
 slice_spec slice_spec::whole(const config& c) {
@@ -35,6 +40,8 @@ uint64_t matrix::bytes() const {
   if (data) return static_cast<uint64_t>(rows) * kernels::row_bytes(type, cols);
   if (q8) return static_cast<uint64_t>(rows) * kernels::q8_blocks_per_row(cols) *
                  sizeof(kernels::q8_block);
+  if (q4) return static_cast<uint64_t>(rows) * kernels::q8_blocks_per_row(cols) *
+                 sizeof(kernels::q4_block);
   return static_cast<uint64_t>(rows) * cols * sizeof(float);
 }
 
@@ -42,6 +49,7 @@ void matvec(const kernels::backend& be, float* out, const matrix& m, const float
             kernels::matmul_mode mode) {
   if (m.data) be.matvec_typed(out, m.data, m.type, m.stride, x, m.rows, m.cols, mode);
   else if (m.q8) be.matvec_q8(out, m.q8, x, m.rows, m.cols);
+  else if (m.q4) (be.matvec_q4 ? be.matvec_q4 : kernels::ref::matvec_q4)(out, m.q4, x, m.rows, m.cols);
   else be.matvec(out, m.f32, x, m.rows, m.cols, m.ld);
 }
 
@@ -90,11 +98,20 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
       w->owned_.push_back(std::move(blocks));
       m.q8 = w->owned_.back().data();
       m.f32 = nullptr;
+    } else if (fmt == weight_format::q4_0) {
+      const int nb = kernels::q8_blocks_per_row(m.cols);
+      std::vector<kernels::q4_block> blocks(static_cast<size_t>(m.rows) * nb);
+      for (int r = 0; r < m.rows; ++r)
+        kernels::quantize_row_q4(m.f32 + static_cast<size_t>(r) * m.ld, &blocks[r * nb], m.cols);
+      w->owned_q4_.push_back(std::move(blocks));
+      m.q4 = w->owned_q4_.back().data();
+      m.f32 = nullptr;
     }
     w->bytes_ += m.bytes();
     return m;
   };
   w->owned_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
+  w->owned_q4_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
   if (file->quantized()) return make_q8(std::move(w));
   if (file->has_non_f32()) return make_typed(std::move(w));
   w->emb_ = view(file->token_embedding(), c.vocab_size, d, d);

@@ -27,7 +27,7 @@
 
 namespace cellshard::model {
 
-enum class weight_format { f32, q8_0 };
+enum class weight_format { f32, q8_0, q4_0 };
 const char* to_string(weight_format f);
 result<weight_format> parse_weight_format(const std::string& s);
 
@@ -55,6 +55,7 @@ struct matrix {
   const uint8_t* data = nullptr;
   kernels::dtype type = kernels::dtype::f32;
   std::size_t stride = 0;
+  const kernels::q4_block* q4 = nullptr;  // q4_0 quantized at load (--weights q4_0)
   int rows = 0, cols = 0, ld = 0;
   uint64_t bytes() const;
 };
@@ -77,7 +78,7 @@ public:
   };
 
   /// Builds the slice `spec` of `file`. Errors when the spec is out of the
-  /// model's range. For an f32 file, q8_0 quantizes the slice's matrices at
+  /// model's range. For an f32 file, q8_0 and q4_0 quantize the slice's matrices at
   /// load time (each row of a column slice from the slice's first column);
   /// the embedding table stays f32 and a shared classifier gets a q8 copy.
   /// A q8_0 file (model_file::quantized()) is always q8_0, whatever `fmt`:
@@ -132,6 +133,7 @@ private:
   matrix emb_;                    // [vocab x dim]: the file's f32 table or q8 blocks
   std::vector<float> emb_f32_;    // q8_0 file, spec.embedding: dequantized table
   std::vector<std::vector<kernels::q8_block>> owned_;  // q8_0 storage
+  std::vector<std::vector<kernels::q4_block>> owned_q4_;  // q4_0 storage (quantized at load)
   uint64_t bytes_ = 0;
 };
 

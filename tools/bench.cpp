@@ -43,10 +43,10 @@ void add_bench(CLI::App& app, int& status) {
   bench->require_subcommand(1);
   auto ko = std::make_shared<bench::kernels_bench_options>();
   auto kjson = std::make_shared<std::string>();
-  auto* kb = bench->add_subcommand("kernels", "matvec f32/q8_0 per backend vs OpenBLAS sgemv and a read-bandwidth probe");
+  auto* kb = bench->add_subcommand("kernels", "matvec f32/q8_0/q4_0 per backend vs OpenBLAS sgemv and a read-bandwidth probe");
   kb->add_option("--rows", ko->rows, "rows of one custom shape (with --cols)");
   kb->add_option("--cols", ko->cols, "columns of one custom shape (with --rows)");
-  kb->add_option("--workers", ko->workers, "threads for blas/spe/sgemv/probe (0 = hardware)")
+  kb->add_option("--workers,--threads", ko->workers, "threads for blas/native/spe/sgemv/probe (0 = hardware)")
       ->capture_default_str();
   kb->add_option("--backends", ko->backends, "backends to measure")->delimiter(',')->capture_default_str();
   kb->add_option("--min-seconds", ko->min_seconds, "time per measurement")->capture_default_str();
@@ -110,6 +110,25 @@ void add_bench(CLI::App& app, int& status) {
     status = run_recovery_bench(*ro, rows);
     const std::string j = print_rows(rows);
     if (!rjson->empty()) write_text(*rjson, j);
+  });
+
+  auto pe = std::make_shared<peers_bench_options>();
+  auto pjson = std::make_shared<std::string>();
+  auto* pb = bench->add_subcommand("peers", "decode tokens/s against llama2.c's run.c and its OpenMP build "
+                                   "(built here with gcc -Ofast -march=native)");
+  pb->add_option("-m,--model", pe->model, "f32 model (default: synth --config stories110m -s 1, made in the temp folder)");
+  pb->add_option("-z,--tokenizer", pe->tokenizer, "tokenizer.bin (default ../shared/models/tokenizer.bin)");
+  pb->add_option("--peers", pe->peers, "folder with llama2.c's run.c (default ../shared/peers/llama2.c)");
+  pb->add_option("-n,--steps", pe->steps, "positions per run")->capture_default_str();
+  pb->add_option("--repeat", pe->repeat, "rounds (median of per-round ratios)")->capture_default_str();
+  pb->add_option("--deadline", pe->deadline_s, "seconds allowed per build or run")->capture_default_str();
+  pb->add_flag("--keep", pe->keep, "keep the temporary folder");
+  pb->add_option("--json", *pjson, "rows as JSON to FILE (- = stdout)");
+  pb->callback([pe, pjson, &status] {
+    std::vector<bench_row> rows;
+    status = run_peers_bench(*pe, rows);
+    const std::string j = print_rows(rows);
+    if (!pjson->empty()) write_text(*pjson, j);
   });
 
   auto co = std::make_shared<cluster_bench_options>();

@@ -26,7 +26,7 @@ struct cluster_bench_options {
   int large_steps = 12;   // synthetic stories110m
   int reps = 3;
   bool skip_large = false;
-  std::string kernels = "blas";
+  std::string kernels = "native";
   int caf_threads = 2;
 };
 
@@ -65,6 +65,29 @@ struct recovery_process_bench_options {
 };
 
 int run_recovery_process_bench(const recovery_process_bench_options& o, std::vector<bench_row>& rows);
+
+/// `bench peers` (issue #18): builds llama2.c's run.c (`gcc -Ofast
+/// -march=native run.c -lm`, and with -fopenmp as runomp) into a temporary
+/// folder and runs it and `cellshard run --kernels native` in alternation
+/// (`repeat` rounds) on the same f32 model (default: `synth --config
+/// stories110m -s 1` written there) with llama2.c's tokenizer.bin, greedy,
+/// `steps` positions, reading each one's "achieved tok/s" from stderr. Rows:
+/// cellshard 1 thread / run.c, cellshard 2 threads / runomp with
+/// OMP_NUM_THREADS=2, q8_0 and q4_0 (quantized at load) / cellshard f32, each
+/// at 1 thread, in exact precision and with --matmul ggml (a contender whose
+/// run fails, e.g. an option this build lacks, is left out with its
+/// message): the median of the per-round ratios. Runs subprocesses
+/// through the shell, each under `timeout deadline_s`.
+struct peers_bench_options {
+  std::string model, tokenizer;
+  std::string peers;  // folder holding run.c ("": ../shared/peers/llama2.c)
+  int steps = 128;
+  int repeat = 3;
+  int deadline_s = 600;
+  bool keep = false;  // keep the temporary folder
+};
+
+int run_peers_bench(const peers_bench_options& o, std::vector<bench_row>& rows);
 
 /// Prints rows as a table and returns them as JSON text.
 std::string print_rows(const std::vector<bench_row>& rows);

@@ -21,7 +21,7 @@ namespace {
 
 struct node_opts {
   std::string listen, profile = "host", memory, link, models, tls_cert, tls_key, tls_ca;
-  int caf_threads = 2, blas_threads = 1;
+  int caf_threads = 2, blas_threads = 1, threads = 0;
   int heartbeat_ms = 1000, connection_timeout_ms = 3000, peer_timeout_ms = 5000;
   bool quiet = false, insecure = false;
   int handshake_ms = 2000, max_pending = 64;
@@ -59,6 +59,8 @@ int do_node(const node_opts& o) {
   d.net.connection_timeout = std::chrono::milliseconds(o.connection_timeout_ms);
   d.peer_timeout = std::chrono::milliseconds(o.peer_timeout_ms);
   d.blas_threads = o.blas_threads;
+  if (o.threads < 0) throw cli_error("--threads: expected 0 (the CPUs this process may use) or more", 2);
+  d.threads = o.threads;
   auto prefix = std::make_shared<std::string>("cellshard node");
   if (!o.quiet)
     d.log = [prefix](const std::string& line) { std::fprintf(stderr, "%s: %s\n", prefix->c_str(), line.c_str()); };
@@ -107,6 +109,9 @@ void add_node(CLI::App& app, int& status) {
   cmd->add_option("--tls-ca", o->tls_ca, "the CA certificate every peer must be signed by (PEM)");
   cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads")->capture_default_str();
   cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads")->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "kernel threads of this node's shards (native backend; 0 = the CPUs this process may use)")
+      ->capture_default_str();
   cmd->add_option("--heartbeat-ms", o->heartbeat_ms, "middleman heartbeat interval")->capture_default_str();
   cmd->add_option("--connection-timeout-ms", o->connection_timeout_ms,
                   "a peer silent this long is disconnected")->capture_default_str();

@@ -3,6 +3,7 @@
 #include "actors/cluster.hpp"
 #include "actors/remote.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/pool.hpp"
 #include "kernels/spe.hpp"
 #include "supervision/fault_plan.hpp"
 #include "model/generate.hpp"
@@ -34,12 +35,13 @@ namespace cellshard::tools {
 namespace {
 
 struct run_opts {
-  std::string model, tokenizer, prompt, kernels = "blas", weights = "f32";
+  std::string model, tokenizer, prompt, kernels = "native", weights = "f32";
   int steps = 256;
   float temperature = 1.0f, topp = 0.9f;
   unsigned long long seed = 0;
   std::string ids_out, expect_ids, json_out;
   int blas_threads = 1;
+  int threads = 0;  // kernel threads per node; 0 = the CPUs (shared among in-process nodes)
   int spe_workers = 0;  // 0 = the profile's (ps3: 6), else 1
   bool quiet = false;
   // In-process nodes (issue #4): any of these selects the actor runtime.
@@ -341,6 +343,10 @@ int do_run(const run_opts& o) {
     auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt);
     if (!w) throw cli_error(w.message());
     model::engine eng(*w, *be);
+    const int kt = o.threads > 0 ? o.threads : kernels::available_cpus();
+    std::unique_ptr<kernels::pool> kpool;
+    if (kt > 1) kpool = std::make_unique<kernels::pool>(kt);
+    kernels::pool::scope use_pool(kpool.get());
     res = model::generate(
         [&](int token, int pos) -> result<const float*> { return eng.forward(token, pos); },
         *lm.tok, lm.file->cfg().vocab_size, gp,
@@ -369,6 +375,8 @@ int do_run(const run_opts& o) {
     co.weights = o.weights;
     co.caf_threads = o.caf_threads;
     co.blas_threads = o.blas_threads;
+    co.threads = o.threads > 0 ? o.threads
+                               : (o.cluster.empty() ? std::max(1, kernels::available_cpus() / std::max(1, o.nodes)) : 1);
     if (!o.cluster.empty()) {
       actors::remote_options ro;
       ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
@@ -618,17 +626,22 @@ void add_run(CLI::App& app, int& status) {
   cmd->add_option("-p,--topp", o->topp, "top-p (nucleus) threshold; <=0 or >=1 samples the full "
                   "distribution")->capture_default_str();
   cmd->add_option("-s,--seed", o->seed, "RNG seed (0 = from the clock)");
-  cmd->add_option("--kernels", o->kernels, "kernel backend: reference|blas|spe|spu-host")
+  cmd->add_option("--kernels", o->kernels, "kernel backend: native|reference|blas|spe|spu-host")
       ->capture_default_str();
   cmd->add_option("--spe-workers", o->spe_workers,
                   "SPE workers of the spe backend (default: 6 with the ps3 profiles, else 1)");
-  cmd->add_option("--weights", o->weights, "f32|q8_0 (q8_0 quantizes at load time)")
+  cmd->add_option("--weights", o->weights, "f32|q8_0|q4_0 (q8_0 and q4_0 quantize at load time)")
       ->capture_default_str();
   cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
       ->capture_default_str();
   cmd->add_option("--expect-digest", o->expect_digest,
                   "refuse to run unless the model file's XXH64 digest is HEX (0x and 16 hex digits, as "
                   "inspect prints it)");
+  cmd->add_option("--threads", o->threads,
+                  "kernel threads per node (native backend; 0 = the CPUs this process may use, "
+                  "divided among in-process nodes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--ids-out", o->ids_out, "write the token ids (BOS first) to FILE");
   cmd->add_option("--expect-ids", o->expect_ids,
                   "compare the ids with FILE; on a difference exit 3 naming the position");

@@ -165,7 +165,8 @@ uint64_t weight_format::row_bytes(uint64_t cols) const {
 result<weight_format> find_weight_format(std::string_view name) {
   if (name == "f32") return weight_format::f32();
   if (name == "q8_0") return weight_format::q8_0();
-  return make_error("unknown weight format '" + std::string(name) + "' (expected f32 or q8_0)");
+  if (name == "q4_0") return weight_format::q4_0();
+  return make_error("unknown weight format '" + std::string(name) + "' (expected f32, q8_0 or q4_0)");
 }
 
 std::vector<node_spec> make_nodes(int n, const profile& prof, int spares) {

@@ -467,6 +467,19 @@ static uint32_t k_matvec(const spu_job* j, arena* A) {
 #define Q8_BLOCK 32u
 #define Q8_BYTES 34u /* f16 scale + 32 int8 */
 
+/* Vector unpack of int8 weights: the 16 bytes at q are read as the aligned
+ * quadwords around them; a shuffle copies byte 4g+k into all four bytes of
+ * word k (so the word is the same read big- or little-endian), an algebraic
+ * shift right by 24 sign-extends it, and spu_convtf makes it a float. The
+ * patterns depend on q's offset in its quadword: q8_pat[offset][g]. */
+#define Q8P(o, g, k) (unsigned char)((o) + 4 * (g) + (k))
+#define Q8W(o, g, k) Q8P(o, g, k), Q8P(o, g, k), Q8P(o, g, k), Q8P(o, g, k)
+#define Q8G(o, g) {Q8W(o, g, 0), Q8W(o, g, 1), Q8W(o, g, 2), Q8W(o, g, 3)}
+#define Q8O(o) {Q8G(o, 0), Q8G(o, 1), Q8G(o, 2), Q8G(o, 3)}
+static const vec_uchar16 q8_pat[16][4] = {Q8O(0),  Q8O(1),  Q8O(2),  Q8O(3), Q8O(4),  Q8O(5),
+                                          Q8O(6),  Q8O(7),  Q8O(8),  Q8O(9), Q8O(10), Q8O(11),
+                                          Q8O(12), Q8O(13), Q8O(14), Q8O(15)};
+
 static float dot_q8(const unsigned char* blk, const vec_float4* xv, uint32_t nblk) {
   const vec_float4 z = spu_splats(0.0f);
   vec_float4 total = z, grand = z; /* total: the current 16 blocks */
@@ -476,13 +489,19 @@ static float dot_q8(const unsigned char* blk, const vec_float4* xv, uint32_t nbl
       grand = spu_add(grand, total);
       total = z;
     }
-    const signed char* q = (const signed char*)(blk + 2);
+    const unsigned char* q = blk + 2;
+    const uint32_t off = (uint32_t)((uintptr_t)q & 15u);
+    const vec_uchar16* qa = (const vec_uchar16*)(const void*)(q - off);
+    /* Only quadwords holding bytes of this block are read (q0 and q1 hold
+     * qs[0..15], q1 and q2 qs[16..31]; q2 only when q is not aligned). */
+    const vec_uchar16 q0 = qa[0], q1 = qa[1], q2 = off ? qa[2] : qa[1];
     vec_float4 s0 = z, s1 = z;
     uint16_t h;
     memcpy(&h, blk, 2);
     for (g = 0; g < 8u; g += 2) {
-      const vec_int4 i0 = {q[4 * g], q[4 * g + 1], q[4 * g + 2], q[4 * g + 3]};
-      const vec_int4 i1 = {q[4 * g + 4], q[4 * g + 5], q[4 * g + 6], q[4 * g + 7]};
+      const vec_uchar16 lo = g < 4u ? q0 : q1, hi = g < 4u ? q1 : q2;
+      const vec_int4 i0 = spu_rlmaska((vec_int4)spu_shuffle(lo, hi, q8_pat[off][g & 3u]), -24);
+      const vec_int4 i1 = spu_rlmaska((vec_int4)spu_shuffle(lo, hi, q8_pat[off][(g + 1u) & 3u]), -24);
       s0 = spu_madd(spu_convtf(i0, 0), xv[g], s0);
       s1 = spu_madd(spu_convtf(i1, 0), xv[g + 1], s1);
     }

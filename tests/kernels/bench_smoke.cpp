@@ -31,7 +31,8 @@ TEST_CASE("bench kernels runs a small shape and emits rows", "[bench][kernels]")
   CHECK(names.count("sgemv_f32") == 1);
   CHECK(names.count("matvec_f32_speed") == 1);
   CHECK(names.count("matvec_q8_bandwidth") == 1);
-  CHECK(backends == std::set<std::string>{"reference", "blas", "spe"});
+  CHECK(names.count("matvec_q4_bandwidth") == 1);
+  CHECK(backends == std::set<std::string>{"reference", "blas", "native", "spe"});
 
   o.backends = {"no-such-backend"};
   CHECK(cellshard::bench::run_kernels_bench(o, out, &json) == 1);

@@ -6,6 +6,7 @@
 // configurations (tile sizes, worker counts, DMA completion modes, a
 // poisoned local store) so that every tiling path is taken.
 #include "kernels/backend.hpp"
+#include "kernels/native.hpp"
 #include "kernels/reference.hpp"
 #include "kernels/spe.hpp"
 #include "kernels/spu/spu_job.h"
@@ -76,6 +77,15 @@ void for_each_subject(F&& f) {
     REQUIRE(be != nullptr);
     f(subject{n, be, bound_f32, true});
   }
+  // native under every instruction-set level this CPU has (portable always).
+  const native::isa best = native::best_isa();
+  for (native::isa i : {native::isa::portable, native::isa::avx2, native::isa::avx512,
+                        native::isa::neon}) {
+    if (!native::set_isa(i)) continue;
+    f(subject{std::string("native [") + native::to_string(i) + "]", &native_backend(), bound_f32,
+              true});
+  }
+  native::set_isa(best);
   for (const config& c : cell_configs()) {
     spe::set_options(c.opts);
     f(subject{std::string("spe [") + c.name + "]", &spe_backend(), bound_f32, true});

@@ -28,7 +28,7 @@ std::vector<std::string> run_args(const test::fixture_case& fc, const std::strin
 TEST_CASE("cellshard run prints run.c's text and ids for every fixture", "[cli][fixtures]") {
   if (!test::have_shared()) return;
   const std::string dir = test::temp_dir("cli");
-  for (const char* k : {"reference", "blas", "spe"}) {
+  for (const char* k : {"reference", "blas", "native", "spe"}) {
     for (const auto& fc : test::fixture_cases()) {
       DYNAMIC_SECTION(k << " " << fc.name) {
         auto args = run_args(fc, k);
@@ -43,6 +43,33 @@ TEST_CASE("cellshard run prints run.c's text and ids for every fixture", "[cli][
         CHECK_THAT(r.err, Catch::Contains("achieved tok/s:"));
       }
     }
+  }
+}
+
+TEST_CASE("cellshard run gives the same ids with --threads 1 and --threads 2", "[cli][threads]") {
+  if (!test::have_shared()) return;
+  // A synthetic model whose every matrix is above the 128 KiB below which
+  // native does not split rows (256 x 256 floats), with tok512's vocabulary.
+  const std::string dir = test::temp_dir("cli-threads");
+  const std::string m = dir + "/s256.bin";
+  auto s = test::run_command({test::cellshard_bin(), "synth", "--dim", "256", "--hidden", "688", "--layers", "2",
+                              "--heads", "8", "--kv-heads", "4", "--vocab", "512", "--seq-len", "128", "-s", "3",
+                              "-o", m});
+  REQUIRE(s.status == 0);
+  for (const char* weights : {"f32", "q8_0"}) {
+    std::vector<std::string> ids;
+    for (const char* threads : {"1", "2"}) {
+      const std::string out = dir + "/" + weights + "." + threads + ".ids";
+      auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", test::shared_file("models/tok512.bin"),
+                                  "-n", "60", "-t", "0.8", "-s", "5", "--kernels", "native", "--weights", weights,
+                                  "--threads", threads, "-q", "--ids-out", out});
+      INFO(r.err);
+      REQUIRE(r.status == 0);
+      ids.push_back(test::read_file(out));
+    }
+    INFO(weights);
+    CHECK(ids[0].size() > 20);
+    CHECK(ids[0] == ids[1]);
   }
 }
 

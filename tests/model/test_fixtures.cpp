@@ -1,6 +1,7 @@
 // Every llama2.c fixture, reproduced in process by the single-node engine with
 // each kernel backend: ids and printed text identical.
 #include "kernels/backend.hpp"
+#include "kernels/pool.hpp"
 #include "model/generate.hpp"
 #include "model/transformer.hpp"
 #include "tests/support.hpp"
@@ -16,11 +17,21 @@ TEST_CASE("engine reproduces every llama2.c fixture with each backend", "[model]
   REQUIRE(tok.ok());
   auto w = model::shard_weights::make(*file, model::slice_spec::whole((*file)->cfg()));
   REQUIRE(w.ok());
-  for (const char* be_name : {"reference", "blas"}) {
+  // native also with a pool of 2 kernel threads (stories260K's matrices are
+  // small: only the classifier, 512 x 64 floats, is split).
+  kernels::pool two(2);
+  struct subject {
+    const char* backend;
+    kernels::pool* pool;
+  };
+  for (const subject sj : {subject{"reference", nullptr}, subject{"blas", nullptr}, subject{"native", nullptr},
+                           subject{"native", &two}}) {
+    const char* be_name = sj.backend;
     const kernels::backend* be = kernels::find_backend(be_name);
     REQUIRE(be != nullptr);
     for (const auto& fc : test::fixture_cases()) {
-      DYNAMIC_SECTION(be_name << " " << fc.name) {
+      DYNAMIC_SECTION(be_name << (sj.pool ? " (2 threads) " : " ") << fc.name) {
+        kernels::pool::scope use_pool(sj.pool);
         model::engine eng(*w, *be);
         model::generation_params gp;
         gp.prompt = fc.prompt;

@@ -1,0 +1,896 @@
+// The native backend: see kernels/native.hpp. Vector code is written with
+// intrinsics in functions carrying target attributes (no -march for the
+// translation unit, so nothing outside these functions uses the wider ISA).
+#include "kernels/native.hpp"
+
+#include "kernels/pool.hpp"
+#include "kernels/reference.hpp"
+#include "kernels/types.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CS_X86 1
+#include <immintrin.h>
+// GCC 12's AVX-512 headers build some results from _mm256_undefined_*() and
+// then warn about them at every inlined use (a known false positive).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define CS_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define CS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define CS_NEON 1
+#include <arm_neon.h>
+#endif
+
+namespace cellshard::kernels {
+
+namespace native {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Portable level: 8 partial sums per row (lane l takes columns = l mod 8),
+// added pairwise at the end. The compiler may vectorise it; the order is fixed.
+
+inline float reduce8(const float* a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+void f32_portable(float* out, const float* W, const float* x, int r0, int r1, int cols, int ld) {
+  for (int r = r0; r < r1; ++r) {
+    const float* w = W + static_cast<std::size_t>(r) * ld;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int c = 0;
+    for (; c + 8 <= cols; c += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += w[c + l] * x[c + l];
+    for (int l = 0; c + l < cols; ++l) acc[l] += w[c + l] * x[c + l];
+    out[r] = reduce8(acc);
+  }
+}
+
+// Unpacks block b's weights (as floats) into q[32].
+inline void unpack_q8(const q8_block& b, float* q) {
+  for (int i = 0; i < 32; ++i) q[i] = static_cast<float>(b.qs[i]);
+}
+inline void unpack_q4(const q4_block& b, float* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<float>((b.qs[j] & 0x0f) - 8);
+    q[j + 16] = static_cast<float>((b.qs[j] >> 4) - 8);
+  }
+}
+inline void unpack_q(const q8_block& b, float* q) { unpack_q8(b, q); }
+inline void unpack_q(const q4_block& b, float* q) { unpack_q4(b, q); }
+
+template <class B>
+void quant_portable(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int r = r0; r < r1; ++r) {
+    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float q[32];
+    for (int b = 0; b < nb; ++b) {
+      unpack_q(row[b], q);
+      const int base = b * 32;
+      const int n = std::min(32, cols - base);
+      float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i = 0; i < n; ++i) t[i % 8] += q[i] * x[base + i];
+      const float d = fp16_to_fp32(row[b].d);
+      for (int l = 0; l < 8; ++l) acc[l] += d * t[l];
+    }
+    out[r] = reduce8(acc);
+  }
+}
+
+// Integer dot of a weight block with an activation block (ggml precision).
+inline int idot(const q8_block& w, const q8_block& xq) {
+  int s = 0;
+  for (int i = 0; i < 32; ++i) s += static_cast<int>(w.qs[i]) * xq.qs[i];
+  return s;
+}
+inline int idot(const q4_block& w, const q8_block& xq) {
+  int s = 0;
+  for (int j = 0; j < 16; ++j) {
+    s += ((w.qs[j] & 0x0f) - 8) * xq.qs[j];
+    s += ((w.qs[j] >> 4) - 8) * xq.qs[j + 16];
+  }
+  return s;
+}
+
+template <class B>
+void quant_q8_portable(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int r = r0; r < r1; ++r) {
+    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
+    float acc = 0.0f;
+    for (int b = 0; b < nb; ++b)
+      acc += static_cast<float>(idot(row[b], xq[b])) *
+             (fp16_to_fp32(row[b].d) * fp16_to_fp32(xq[b].d));
+    out[r] = acc;
+  }
+}
+
+#if CS_X86
+// ---------------------------------------------------------------------------
+// AVX2 + FMA level (8 lanes).
+
+CS_AVX2 inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehl_ps(lo, lo);
+  lo = _mm_add_ps(lo, sh);
+  sh = _mm_shuffle_ps(lo, lo, 1);
+  return _mm_cvtss_f32(_mm_add_ss(lo, sh));
+}
+
+CS_AVX2 inline __m256i tail_mask256(int n) {  // first n (0..8) lanes on
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+}
+
+// f32: one row at a time (a single sequential stream per row measured
+// fastest here), four named accumulators. A head of up to 7 columns (masked)
+// brings w to a 32-byte boundary so that no load splits a cache line
+// (llama2.c files put weights 28 bytes into the file: every row is
+// misaligned); then 32-column steps into a0..a3, up to three 8-column groups
+// into a0, a1, a2, and a masked tail. Head and tail go into a3. The order
+// depends only on the row's address, never on the thread count.
+CS_AVX2 void f32_avx2(float* out, const float* W, const float* x, int r0, int r1, int cols,
+                      int ld) {
+  for (int r = r0; r < r1; ++r) {
+    const float* w = W + static_cast<std::size_t>(r) * ld;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int c = static_cast<int>(((32 - (reinterpret_cast<uintptr_t>(w) & 31)) & 31) / 4);
+    if (c > cols) c = cols;
+    if (c > 0) {
+      const __m256i m = tail_mask256(c);
+      a3 = _mm256_fmadd_ps(_mm256_maskload_ps(w, m), _mm256_maskload_ps(x, m), a3);
+    }
+    for (; c + 32 <= cols; c += 32) {
+      a0 = _mm256_fmadd_ps(_mm256_load_ps(w + c), _mm256_loadu_ps(x + c), a0);
+      a1 = _mm256_fmadd_ps(_mm256_load_ps(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+      a2 = _mm256_fmadd_ps(_mm256_load_ps(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+      a3 = _mm256_fmadd_ps(_mm256_load_ps(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    if (c + 8 <= cols) {
+      a0 = _mm256_fmadd_ps(_mm256_load_ps(w + c), _mm256_loadu_ps(x + c), a0);
+      c += 8;
+    }
+    if (c + 8 <= cols) {
+      a1 = _mm256_fmadd_ps(_mm256_load_ps(w + c), _mm256_loadu_ps(x + c), a1);
+      c += 8;
+    }
+    if (c + 8 <= cols) {
+      a2 = _mm256_fmadd_ps(_mm256_load_ps(w + c), _mm256_loadu_ps(x + c), a2);
+      c += 8;
+    }
+    if (c < cols) {
+      const __m256i m = tail_mask256(cols - c);
+      a3 = _mm256_fmadd_ps(_mm256_maskload_ps(w + c, m), _mm256_maskload_ps(x + c, m), a3);
+    }
+    out[r] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
+CS_AVX2 inline __m256 load_scale256(uint16_t h) {
+  return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+// x[base..base+8*k) with lanes at or beyond `cols` read as zero.
+CS_AVX2 inline __m256 load_x8(const float* x, int at, int cols) {
+  if (at + 8 <= cols) return _mm256_loadu_ps(x + at);
+  return _mm256_maskload_ps(x + at, tail_mask256(std::max(0, cols - at)));
+}
+
+// Block of 32 int8 weights (as 4 x 8 floats) times x: t = sum of 4 products.
+CS_AVX2 inline __m256 q8_block_dot_avx2(const int8_t* qs, const float* x, int base, int cols,
+                                        bool full) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16));
+  const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  if (full) {
+    __m256 t = _mm256_mul_ps(q0, _mm256_loadu_ps(x + base));
+    t = _mm256_fmadd_ps(q1, _mm256_loadu_ps(x + base + 8), t);
+    t = _mm256_fmadd_ps(q2, _mm256_loadu_ps(x + base + 16), t);
+    return _mm256_fmadd_ps(q3, _mm256_loadu_ps(x + base + 24), t);
+  }
+  __m256 t = _mm256_mul_ps(q0, load_x8(x, base, cols));
+  t = _mm256_fmadd_ps(q1, load_x8(x, base + 8, cols), t);
+  t = _mm256_fmadd_ps(q2, load_x8(x, base + 16, cols), t);
+  return _mm256_fmadd_ps(q3, load_x8(x, base + 24, cols), t);
+}
+
+// The 32 weights of a q4 block as int8 in [-8, 7]: bytes 0..15 the low
+// nibbles (weights 0..15), bytes 16..31 the high ones (weights 16..31).
+CS_AVX2 inline __m256i q4_bytes_avx2(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m256i both = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  return _mm256_sub_epi8(both, _mm256_set1_epi8(8));
+}
+
+CS_AVX2 inline __m256 q4_block_dot_avx2(const uint8_t* qs, const float* x, int base, int cols,
+                                        bool full) {
+  const __m256i b = q4_bytes_avx2(qs);
+  const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+  const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  if (full) {
+    __m256 t = _mm256_mul_ps(q0, _mm256_loadu_ps(x + base));
+    t = _mm256_fmadd_ps(q1, _mm256_loadu_ps(x + base + 8), t);
+    t = _mm256_fmadd_ps(q2, _mm256_loadu_ps(x + base + 16), t);
+    return _mm256_fmadd_ps(q3, _mm256_loadu_ps(x + base + 24), t);
+  }
+  __m256 t = _mm256_mul_ps(q0, load_x8(x, base, cols));
+  t = _mm256_fmadd_ps(q1, load_x8(x, base + 8, cols), t);
+  t = _mm256_fmadd_ps(q2, load_x8(x, base + 16, cols), t);
+  return _mm256_fmadd_ps(q3, load_x8(x, base + 24, cols), t);
+}
+
+CS_AVX2 inline __m256 block_dot_avx2(const q8_block& b, const float* x, int base, int cols,
+                                     bool full) {
+  return q8_block_dot_avx2(b.qs, x, base, cols, full);
+}
+CS_AVX2 inline __m256 block_dot_avx2(const q4_block& b, const float* x, int base, int cols,
+                                     bool full) {
+  return q4_block_dot_avx2(b.qs, x, base, cols, full);
+}
+
+// Exact precision: acc[b % 2] += d_b * (block b's lane products).
+template <class B>
+CS_AVX2 void quant_avx2(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  const int full = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= full; b += 2) {
+      a0 = _mm256_fmadd_ps(load_scale256(row[b].d), block_dot_avx2(row[b], x, b * 32, cols, true), a0);
+      a1 = _mm256_fmadd_ps(load_scale256(row[b + 1].d),
+                           block_dot_avx2(row[b + 1], x, b * 32 + 32, cols, true), a1);
+    }
+    for (; b < nb; ++b) {
+      const __m256 t = block_dot_avx2(row[b], x, b * 32, cols, b < full);
+      if (b % 2 == 0) a0 = _mm256_fmadd_ps(load_scale256(row[b].d), t, a0);
+      else a1 = _mm256_fmadd_ps(load_scale256(row[b].d), t, a1);
+    }
+    out[r] = hsum256(_mm256_add_ps(a0, a1));
+  }
+}
+
+// Sum of products of 32 signed bytes w and 32 signed bytes y as 8 int32
+// lanes: |w| as unsigned times y with w's sign (maddubs), pairs widened.
+CS_AVX2 inline __m256 i8_dot_avx2(__m256i w, __m256i y) {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  const __m256i sy = _mm256_sign_epi8(y, w);
+  const __m256i p16 = _mm256_maddubs_epi16(aw, sy);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+CS_AVX2 inline __m256i w_bytes_avx2(const q8_block& b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+}
+CS_AVX2 inline __m256i w_bytes_avx2(const q4_block& b) { return q4_bytes_avx2(b.qs); }
+
+// ggml precision: acc[b % 2] += (d_w * d_x) * int lanes of block b.
+template <class B>
+CS_AVX2 void quant_q8_avx2(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int r = r0; r < r1; ++r) {
+    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[b]), w_bytes_avx2(xq[b]));
+      const __m256 p1 = i8_dot_avx2(w_bytes_avx2(row[b + 1]), w_bytes_avx2(xq[b + 1]));
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[b].d) * _cvtsh_ss(xq[b].d)), p0, a0);
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[b + 1].d) * _cvtsh_ss(xq[b + 1].d)), p1, a1);
+    }
+    if (b < nb) {
+      const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[b]), w_bytes_avx2(xq[b]));
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[b].d) * _cvtsh_ss(xq[b].d)), p0, a0);
+    }
+    out[r] = hsum256(_mm256_add_ps(a0, a1));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// AVX-512 level (16 lanes).
+
+CS_AVX512 inline float hsum512(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // + other 256-bit half
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // + neighbouring 128 bits
+  __m128 lo = _mm512_castps512_ps128(v);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  return _mm_cvtss_f32(_mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1)));
+}
+
+// f32 as AVX2, with 16-column groups and a head to a 64-byte boundary
+// (up to 15 columns).
+CS_AVX512 void f32_avx512(float* out, const float* W, const float* x, int r0, int r1, int cols,
+                          int ld) {
+  for (int r = r0; r < r1; ++r) {
+    const float* w = W + static_cast<std::size_t>(r) * ld;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int c = static_cast<int>(((64 - (reinterpret_cast<uintptr_t>(w) & 63)) & 63) / 4);
+    if (c > cols) c = cols;
+    if (c > 0) {
+      const __mmask16 m = static_cast<__mmask16>((1u << c) - 1u);
+      a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w), _mm512_maskz_loadu_ps(m, x), a3);
+    }
+    for (; c + 64 <= cols; c += 64) {
+      a0 = _mm512_fmadd_ps(_mm512_load_ps(w + c), _mm512_loadu_ps(x + c), a0);
+      a1 = _mm512_fmadd_ps(_mm512_load_ps(w + c + 16), _mm512_loadu_ps(x + c + 16), a1);
+      a2 = _mm512_fmadd_ps(_mm512_load_ps(w + c + 32), _mm512_loadu_ps(x + c + 32), a2);
+      a3 = _mm512_fmadd_ps(_mm512_load_ps(w + c + 48), _mm512_loadu_ps(x + c + 48), a3);
+    }
+    if (c + 16 <= cols) {
+      a0 = _mm512_fmadd_ps(_mm512_load_ps(w + c), _mm512_loadu_ps(x + c), a0);
+      c += 16;
+    }
+    if (c + 16 <= cols) {
+      a1 = _mm512_fmadd_ps(_mm512_load_ps(w + c), _mm512_loadu_ps(x + c), a1);
+      c += 16;
+    }
+    if (c + 16 <= cols) {
+      a2 = _mm512_fmadd_ps(_mm512_load_ps(w + c), _mm512_loadu_ps(x + c), a2);
+      c += 16;
+    }
+    if (c < cols) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (cols - c)) - 1u);
+      a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + c), _mm512_maskz_loadu_ps(m, x + c), a3);
+    }
+    out[r] = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  }
+}
+
+CS_AVX512 inline __m512 load_x16(const float* x, int at, int cols) {
+  if (at + 16 <= cols) return _mm512_loadu_ps(x + at);
+  const int n = std::max(0, cols - at);
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), x + at);
+}
+
+// Block of 32 weights as int8 in one 256-bit register -> t (16 lanes).
+CS_AVX512 inline __m512 i8x32_dot_f32_avx512(__m256i q, const float* x, int base, int cols,
+                                             bool full) {
+  const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+  const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+  if (full)
+    return _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + base + 16),
+                           _mm512_mul_ps(q0, _mm512_loadu_ps(x + base)));
+  return _mm512_fmadd_ps(q1, load_x16(x, base + 16, cols),
+                         _mm512_mul_ps(q0, load_x16(x, base, cols)));
+}
+
+CS_AVX512 inline __m256i w_bytes_avx512(const q8_block& b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+}
+CS_AVX512 inline __m256i w_bytes_avx512(const q4_block& b) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m256i both =
+      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  return _mm256_sub_epi8(both, _mm256_set1_epi8(8));
+}
+
+template <class B>
+CS_AVX512 void quant_avx512(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  const int full = cols / 32;
+  for (int r = r0; r < r1; ++r) {
+    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= full; b += 2) {
+      const __m512 t0 = i8x32_dot_f32_avx512(w_bytes_avx512(row[b]), x, b * 32, cols, true);
+      const __m512 t1 = i8x32_dot_f32_avx512(w_bytes_avx512(row[b + 1]), x, b * 32 + 32, cols, true);
+      a0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b].d)), t0, a0);
+      a1 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b + 1].d)), t1, a1);
+    }
+    for (; b < nb; ++b) {
+      const __m512 t = i8x32_dot_f32_avx512(w_bytes_avx512(row[b]), x, b * 32, cols, b < full);
+      if (b % 2 == 0) a0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b].d)), t, a0);
+      else a1 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b].d)), t, a1);
+    }
+    out[r] = hsum512(_mm512_add_ps(a0, a1));
+  }
+}
+
+// ggml precision, two blocks per 512-bit register: lanes 0..7 block b,
+// 8..15 block b+1; an odd last block goes alone into the low half.
+CS_AVX512 inline __m512 i8_dot_avx512(__m512i w, __m512i y) {
+  const __m512i aw = _mm512_abs_epi8(w);
+  const __mmask64 neg = _mm512_movepi8_mask(w);
+  const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+  const __m512i p16 = _mm512_maddubs_epi16(aw, sy);
+  return _mm512_cvtepi32_ps(_mm512_madd_epi16(p16, _mm512_set1_epi16(1)));
+}
+
+CS_AVX512 inline __m512i pair512(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+template <class B>
+CS_AVX512 void quant_q8_avx512(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1,
+                               int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int r = r0; r < r1; ++r) {
+    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      const __m512 p0 = i8_dot_avx512(pair512(w_bytes_avx512(row[b]), w_bytes_avx512(row[b + 1])),
+                                      pair512(w_bytes_avx512(xq[b]), w_bytes_avx512(xq[b + 1])));
+      const __m512 p1 =
+          i8_dot_avx512(pair512(w_bytes_avx512(row[b + 2]), w_bytes_avx512(row[b + 3])),
+                        pair512(w_bytes_avx512(xq[b + 2]), w_bytes_avx512(xq[b + 3])));
+      const __m512 s0 = _mm512_insertf32x8(
+          _mm512_set1_ps(_cvtsh_ss(row[b].d) * _cvtsh_ss(xq[b].d)),
+          _mm256_set1_ps(_cvtsh_ss(row[b + 1].d) * _cvtsh_ss(xq[b + 1].d)), 1);
+      const __m512 s1 = _mm512_insertf32x8(
+          _mm512_set1_ps(_cvtsh_ss(row[b + 2].d) * _cvtsh_ss(xq[b + 2].d)),
+          _mm256_set1_ps(_cvtsh_ss(row[b + 3].d) * _cvtsh_ss(xq[b + 3].d)), 1);
+      a0 = _mm512_fmadd_ps(s0, p0, a0);
+      a1 = _mm512_fmadd_ps(s1, p1, a1);
+    }
+    for (; b < nb; ++b) {  // 0..3 blocks left: one at a time, low half
+      const __m512 p = i8_dot_avx512(_mm512_zextsi256_si512(w_bytes_avx512(row[b])),
+                                     _mm512_zextsi256_si512(w_bytes_avx512(xq[b])));
+      const __m512 s = _mm512_maskz_mov_ps(0x00ff, _mm512_set1_ps(_cvtsh_ss(row[b].d) * _cvtsh_ss(xq[b].d)));
+      a0 = _mm512_fmadd_ps(s, p, a0);
+    }
+    out[r] = hsum512(_mm512_add_ps(a0, a1));
+  }
+}
+#endif  // CS_X86
+
+#if CS_NEON
+// ---------------------------------------------------------------------------
+// NEON level (4 lanes, 4 accumulators per row for columns mod 16 groups).
+float hsum_neon(float32x4_t v) { return vaddvq_f32(v); }
+
+void f32_neon(float* out, const float* W, const float* x, int r0, int r1, int cols, int ld) {
+  for (int r = r0; r < r1; ++r) {
+    const float* w = W + static_cast<std::size_t>(r) * ld;
+    float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      a0 = vfmaq_f32(a0, vld1q_f32(w + c), vld1q_f32(x + c));
+      a1 = vfmaq_f32(a1, vld1q_f32(w + c + 4), vld1q_f32(x + c + 4));
+      a2 = vfmaq_f32(a2, vld1q_f32(w + c + 8), vld1q_f32(x + c + 8));
+      a3 = vfmaq_f32(a3, vld1q_f32(w + c + 12), vld1q_f32(x + c + 12));
+    }
+    for (; c + 4 <= cols; c += 4) a0 = vfmaq_f32(a0, vld1q_f32(w + c), vld1q_f32(x + c));
+    float tail = 0.0f;
+    for (; c < cols; ++c) tail += w[c] * x[c];
+    out[r] = hsum_neon(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3))) + tail;
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Attention: per head, scores q.k_t (a dot product of head_size), run.c's
+// softmax, then out += a_t v_t. Dot and axpy per level; heads are split over
+// the pool (each head computed the same way wherever it runs).
+
+float dot_portable(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
+  return reduce8(acc);
+}
+void axpy_portable(float* y, float a, const float* x, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#if CS_X86
+CS_AVX2 float dot_avx2(const float* a, const float* b, int n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  if (i + 8 <= n) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    i += 8;
+  }
+  if (i < n) {
+    const __m256i m = tail_mask256(n - i);
+    s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
+  }
+  return hsum256(_mm256_add_ps(s0, s1));
+}
+CS_AVX2 void axpy_avx2(float* y, float a, const float* x, int n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+CS_AVX512 float dot_avx512(const float* a, const float* b, int n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  if (i + 16 <= n) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    i += 16;
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return hsum512(_mm512_add_ps(s0, s1));
+}
+CS_AVX512 void axpy_avx512(float* y, float a, const float* x, int n) {
+  const __m512 av = _mm512_set1_ps(a);
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+#endif
+
+using dot_fn = float (*)(const float*, const float*, int);
+using axpy_fn = void (*)(float*, float, const float*, int);
+
+void attention_heads(int h0, int h1, dot_fn dot, axpy_fn axpy, float* out, const float* q,
+                     const float* k_cache, const float* v_cache, float* att, int kv_mul,
+                     int head_size, int kv_stride, int pos) {
+  const float scale = sqrtf(static_cast<float>(head_size));
+  for (int h = h0; h < h1; ++h) {
+    const float* qh = q + h * head_size;
+    float* a = att + static_cast<std::size_t>(h) * (pos + 1);
+    const int kvo = (h / kv_mul) * head_size;
+    for (int t = 0; t <= pos; ++t)
+      a[t] = dot(qh, k_cache + static_cast<std::size_t>(t) * kv_stride + kvo, head_size) / scale;
+    ref::softmax(a, pos + 1);
+    float* xb = out + h * head_size;
+    std::memset(xb, 0, sizeof(float) * head_size);
+    for (int t = 0; t <= pos; ++t)
+      axpy(xb, a[t], v_cache + static_cast<std::size_t>(t) * kv_stride + kvo, head_size);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch.
+
+isa detect() {
+#if CS_X86
+  __builtin_cpu_init();
+  const bool f16c = __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return isa::avx512;
+  if (avx2) return isa::avx2;
+  return isa::portable;
+#elif CS_NEON
+  return isa::neon;
+#else
+  return isa::portable;
+#endif
+}
+
+std::atomic<isa>& active() {
+  static std::atomic<isa> a{detect()};
+  return a;
+}
+std::atomic<precision> g_precision{precision::exact};
+
+bool supported(isa i) {
+  switch (i) {
+    case isa::portable: return true;
+    case isa::avx2: return best_isa() == isa::avx2 || best_isa() == isa::avx512;
+    case isa::avx512: return best_isa() == isa::avx512;
+    case isa::neon: return best_isa() == isa::neon;
+  }
+  return false;
+}
+
+// Rows per chunk: about 64 KiB of weights, at least 4 rows, so a chunk is
+// worth a hand-off; a matrix below ~128 KiB runs on the caller only.
+int chunk_rows(std::size_t row_bytes) {
+  const std::size_t target = 64 * 1024;
+  std::size_t r = row_bytes ? target / row_bytes : 64;
+  r = std::max<std::size_t>(4, (r + 3) / 4 * 4);
+  return static_cast<int>(std::min<std::size_t>(r, 1 << 20));
+}
+
+template <class K>
+void split_rows(int rows, std::size_t row_bytes, K&& kernel) {
+  pool* p = pool::current();
+  if (!p || p->threads() == 1 || static_cast<std::size_t>(rows) * row_bytes < 128 * 1024) {
+    kernel(0, rows);
+    return;
+  }
+  int chunk = chunk_rows(row_bytes);
+  // At least ~4 chunks per thread so a busy core takes fewer.
+  const int per_thread = (rows + p->threads() * 4 - 1) / (p->threads() * 4);
+  chunk = std::max(4, std::min(chunk, (per_thread + 3) / 4 * 4));
+  p->parallel_for(rows, chunk, kernel);
+}
+
+// x quantized once per matvec, per thread (ggml precision).
+std::vector<q8_block>& xq_scratch(int cols) {
+  thread_local std::vector<q8_block> v;
+  const std::size_t nb = static_cast<std::size_t>(q8_blocks_per_row(cols));
+  if (v.size() < nb) v.resize(nb);
+  return v;
+}
+
+}  // namespace
+
+void quantize_activations_q8(const float* x, q8_block* out, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  for (int b = 0; b < nb; ++b) {
+    const int base = b * q8_block_size;
+    const int n = std::min(q8_block_size, cols - base);
+    float amax = 0.0f;
+    for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[base + i]));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    out[b].d = fp32_to_fp16(amax / 127.0f);
+    for (int i = 0; i < q8_block_size; ++i)
+      out[b].qs[i] = i < n ? static_cast<int8_t>(std::nearbyintf(x[base + i] * id)) : 0;
+  }
+}
+
+namespace {
+
+bool use_integer_path() { return g_precision.load(std::memory_order_relaxed) != precision::exact; }
+
+template <class B>
+void rows_exact(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return quant_avx512(out, W, stride, x, r0, r1, cols);
+    case isa::avx2: return quant_avx2(out, W, stride, x, r0, r1, cols);
+#endif
+    default: return quant_portable(out, W, stride, x, r0, r1, cols);
+  }
+}
+template <class B>
+void rows_int(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1, int cols) {
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return quant_q8_avx512(out, W, stride, xq, r0, r1, cols);
+    case isa::avx2: return quant_q8_avx2(out, W, stride, xq, r0, r1, cols);
+#endif
+    default: return quant_q8_portable(out, W, stride, xq, r0, r1, cols);
+  }
+}
+
+// Rows of `stride` bytes (typed slot: a column slice of a GGUF tensor).
+template <class B>
+void quant_matvec_strided(float* out, const B* W, std::size_t stride, const float* x, int rows,
+                          int cols, bool integer) {
+  if (integer) {
+    auto& xq = xq_scratch(cols);
+    quantize_activations_q8(x, xq.data(), cols);
+    const q8_block* xqp = xq.data();
+    auto k = [&](int b, int e) { rows_int(out, W, stride, xqp, b, e, cols); };
+    split_rows(rows, stride, k);
+    return;
+  }
+  auto k = [&](int b, int e) { rows_exact(out, W, stride, x, b, e, cols); };
+  split_rows(rows, stride, k);
+}
+
+template <class B>
+void quant_matvec(float* out, const B* W, const float* x, int rows, int cols) {
+  const std::size_t row_bytes = static_cast<std::size_t>(q8_blocks_per_row(cols)) * sizeof(B);
+  if (use_integer_path()) {
+    auto& xq = xq_scratch(cols);
+    quantize_activations_q8(x, xq.data(), cols);
+    const q8_block* xqp = xq.data();
+    auto k = [&](int b, int e) {
+      if constexpr (std::is_same_v<B, q8_block>) matvec_q8_q8_rows(out, W, xqp, b, e, cols);
+      else matvec_q4_q8_rows(out, W, xqp, b, e, cols);
+    };
+    split_rows(rows, row_bytes, k);
+    return;
+  }
+  auto k = [&](int b, int e) {
+    if constexpr (std::is_same_v<B, q8_block>) matvec_q8_rows(out, W, x, b, e, cols);
+    else matvec_q4_rows(out, W, x, b, e, cols);
+  };
+  split_rows(rows, row_bytes, k);
+}
+
+bool native_supports(op o) {
+  return o == op::matvec || o == op::matvec_q8 || o == op::matvec_q4 || o == op::attention ||
+         o == op::matvec_typed;
+}
+
+}  // namespace
+
+const char* to_string(isa i) {
+  switch (i) {
+    case isa::portable: return "portable";
+    case isa::avx2: return "avx2";
+    case isa::avx512: return "avx512";
+    case isa::neon: return "neon";
+  }
+  return "?";
+}
+
+isa best_isa() {
+  static const isa b = detect();
+  return b;
+}
+isa active_isa() { return active().load(std::memory_order_relaxed); }
+bool set_isa(isa i) {
+  if (!supported(i)) return false;
+  active().store(i, std::memory_order_relaxed);
+  return true;
+}
+
+const char* to_string(precision p) {
+  switch (p) {
+    case precision::exact: return "exact";
+    case precision::ggml: return "ggml";
+    case precision::fast: return "fast";
+  }
+  return "?";
+}
+bool parse_precision(const std::string& s, precision& out) {
+  if (s == "exact") out = precision::exact;
+  else if (s == "ggml") out = precision::ggml;
+  else if (s == "fast") out = precision::fast;
+  else return false;
+  return true;
+}
+precision active_precision() { return g_precision.load(std::memory_order_relaxed); }
+void set_precision(precision p) { g_precision.store(p, std::memory_order_relaxed); }
+
+void matvec_f32_rows(float* out, const float* W, const float* x, int r0, int r1, int cols,
+                     int ld) {
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return f32_avx512(out, W, x, r0, r1, cols, ld);
+    case isa::avx2: return f32_avx2(out, W, x, r0, r1, cols, ld);
+#endif
+#if CS_NEON
+    case isa::neon: return f32_neon(out, W, x, r0, r1, cols, ld);
+#endif
+    default: return f32_portable(out, W, x, r0, r1, cols, ld);
+  }
+}
+
+void matvec_q8_rows(float* out, const q8_block* W, const float* x, int r0, int r1, int cols) {
+  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q8_block);
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return quant_avx512(out, W, stride, x, r0, r1, cols);
+    case isa::avx2: return quant_avx2(out, W, stride, x, r0, r1, cols);
+#endif
+    default: return quant_portable(out, W, stride, x, r0, r1, cols);
+  }
+}
+
+void matvec_q4_rows(float* out, const q4_block* W, const float* x, int r0, int r1, int cols) {
+  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q4_block);
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return quant_avx512(out, W, stride, x, r0, r1, cols);
+    case isa::avx2: return quant_avx2(out, W, stride, x, r0, r1, cols);
+#endif
+    default: return quant_portable(out, W, stride, x, r0, r1, cols);
+  }
+}
+
+void matvec_q8_q8_rows(float* out, const q8_block* W, const q8_block* xq, int r0, int r1,
+                       int cols) {
+  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q8_block);
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return quant_q8_avx512(out, W, stride, xq, r0, r1, cols);
+    case isa::avx2: return quant_q8_avx2(out, W, stride, xq, r0, r1, cols);
+#endif
+    default: return quant_q8_portable(out, W, stride, xq, r0, r1, cols);
+  }
+}
+
+void matvec_q4_q8_rows(float* out, const q4_block* W, const q8_block* xq, int r0, int r1,
+                       int cols) {
+  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q4_block);
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: return quant_q8_avx512(out, W, stride, xq, r0, r1, cols);
+    case isa::avx2: return quant_q8_avx2(out, W, stride, xq, r0, r1, cols);
+#endif
+    default: return quant_q8_portable(out, W, stride, xq, r0, r1, cols);
+  }
+}
+
+void matvec_f32(float* out, const float* W, const float* x, int rows, int cols, int ld) {
+  auto k = [&](int b, int e) { matvec_f32_rows(out, W, x, b, e, cols, ld); };
+  split_rows(rows, static_cast<std::size_t>(cols) * sizeof(float), k);
+}
+
+void matvec_q8(float* out, const q8_block* W, const float* x, int rows, int cols) {
+  quant_matvec(out, W, x, rows, cols);
+}
+
+void matvec_typed(float* out, const void* W, dtype t, std::size_t row_stride, const float* x,
+                  int rows, int cols, matmul_mode mode) {
+  const bool integer = mode == matmul_mode::ggml;
+  switch (t) {
+    case dtype::f32:
+      matvec_f32(out, static_cast<const float*>(W), x, rows, cols,
+                 static_cast<int>(row_stride / sizeof(float)));
+      return;
+    case dtype::q8_0:
+      quant_matvec_strided(out, static_cast<const q8_block*>(W), row_stride, x, rows, cols, integer);
+      return;
+    case dtype::q4_0:  // block_q4_0 and q4_block are the same 18-byte layout
+      quant_matvec_strided(out, static_cast<const q4_block*>(W), row_stride, x, rows, cols, integer);
+      return;
+    default: {  // other types: the reference loops, rows split over the pool
+      const uint8_t* base = static_cast<const uint8_t*>(W);
+      auto k = [&](int b, int e) {
+        ref::matvec_typed(out + b, base + static_cast<std::size_t>(b) * row_stride, t, row_stride, x,
+                          e - b, cols, mode);
+      };
+      split_rows(rows, row_stride, k);
+    }
+  }
+}
+
+void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* att,
+               int n_heads, int kv_mul, int head_size, int kv_stride, int pos) {
+  dot_fn dot = dot_portable;
+  axpy_fn axpy = axpy_portable;
+  switch (active_isa()) {
+#if CS_X86
+    case isa::avx512: dot = dot_avx512; axpy = axpy_avx512; break;
+    case isa::avx2: dot = dot_avx2; axpy = axpy_avx2; break;
+#endif
+    default: break;
+  }
+  auto k = [&](int b, int e) {
+    attention_heads(b, e, dot, axpy, out, q, k_cache, v_cache, att, kv_mul, head_size, kv_stride, pos);
+  };
+  pool* p = pool::current();
+  // 2 x head_size x (pos+1) floats of K and V per head: split once that is
+  // worth a hand-off (~64 KiB in all).
+  const std::size_t work = static_cast<std::size_t>(n_heads) * head_size * (pos + 1) * 8;
+  if (p && p->threads() > 1 && work >= 64 * 1024) p->parallel_for(n_heads, 1, k);
+  else k(0, n_heads);
+}
+
+void matvec_q4(float* out, const q4_block* W, const float* x, int rows, int cols) {
+  quant_matvec(out, W, x, rows, cols);
+}
+
+}  // namespace native
+
+const backend& native_backend() {
+  static const backend b{"native",       native::matvec_f32, native::matvec_q8,
+                         ref::rmsnorm,   ref::rope,          ref::softmax,
+                         native::attention, ref::swiglu,     native::native_supports,
+                         native::matvec_typed, native::matvec_q4};
+  return b;
+}
+
+}  // namespace cellshard::kernels

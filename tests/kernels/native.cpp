@@ -1,0 +1,243 @@
+// The native backend beyond the shared conformance test: q4_0 weights and the
+// ggml precision against oracles computed in double from the dequantized
+// blocks, q4_0 quantization against its definition, and the thread pool
+// (every index once; results identical for 1, 2 and 3 threads).
+#include "kernels/native.hpp"
+#include "kernels/pool.hpp"
+#include "kernels/reference.hpp"
+#include "tests/kernels/common.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+using namespace cellshard;
+using namespace cellshard::kernels;
+using cellshard::test::buffer;
+using cellshard::test::nmse;
+
+namespace {
+
+std::vector<native::isa> levels() {
+  std::vector<native::isa> v;
+  const native::isa best = native::best_isa();
+  for (native::isa i : {native::isa::portable, native::isa::avx2, native::isa::avx512,
+                        native::isa::neon})
+    if (native::set_isa(i)) v.push_back(i);
+  native::set_isa(best);
+  return v;
+}
+
+struct restore {
+  native::isa i = native::active_isa();
+  native::precision p = native::active_precision();
+  ~restore() {
+    native::set_isa(i);
+    native::set_precision(p);
+  }
+};
+
+// q8 blocks of a seeded [rows x cols] matrix and the same as q4 blocks.
+struct quant_matrix {
+  int rows, cols, nb;
+  std::vector<q8_block> q8;
+  std::vector<q4_block> q4;
+  quant_matrix(int r, int c, uint32_t seed) : rows(r), cols(c), nb(q8_blocks_per_row(c)) {
+    test::rng g(seed);
+    std::vector<float> row(c);
+    q8.resize(static_cast<std::size_t>(r) * nb);
+    q4.resize(static_cast<std::size_t>(r) * nb);
+    for (int i = 0; i < r; ++i) {
+      test::fill(g, row.data(), c, -2.0f, 2.0f);
+      quantize_row_q8(row.data(), &q8[static_cast<std::size_t>(i) * nb], c);
+      quantize_row_q4(row.data(), &q4[static_cast<std::size_t>(i) * nb], c);
+    }
+  }
+};
+
+// Oracle for exact precision: the dequantized row times x, in double.
+template <class B, class D>
+std::vector<float> oracle_exact(const std::vector<B>& W, const float* x, int rows, int cols, D deq) {
+  const int nb = q8_blocks_per_row(cols);
+  std::vector<float> row(cols), out(rows);
+  for (int r = 0; r < rows; ++r) {
+    deq(&W[static_cast<std::size_t>(r) * nb], row.data(), cols);
+    double s = 0;
+    for (int c = 0; c < cols; ++c) s += static_cast<double>(row[c]) * x[c];
+    out[r] = static_cast<float>(s);
+  }
+  return out;
+}
+
+// Oracle for ggml precision: x rounded to q8 blocks first, then the same.
+template <class B, class D>
+std::vector<float> oracle_ggml(const std::vector<B>& W, const float* x, int rows, int cols, D deq) {
+  std::vector<q8_block> xq(q8_blocks_per_row(cols));
+  native::quantize_activations_q8(x, xq.data(), cols);
+  std::vector<float> xr(cols);
+  dequantize_row_q8(xq.data(), xr.data(), cols);
+  return oracle_exact(W, xr.data(), rows, cols, deq);
+}
+
+const int shapes[][2] = {{1, 1}, {7, 7}, {33, 33}, {5, 64}, {64, 172}, {4097, 33}, {33, 4097},
+                         {3, 9001}};
+
+}  // namespace
+
+TEST_CASE("native q4_0 and q8_0 matvecs match dequantized oracles in both precisions",
+          "[kernels][native]") {
+  restore saved;
+  for (native::isa lv : levels()) {
+    REQUIRE(native::set_isa(lv));
+    for (auto sh : shapes) {
+      const int rows = sh[0], cols = sh[1];
+      const quant_matrix m(rows, cols, 500u + rows * 7 + cols);
+      test::rng g(77u + cols);
+      buffer<float> x(cols, 4), out(rows, 8);
+      test::fill(g, x.data(), cols);
+      const auto want8 = oracle_exact(m.q8, x.data(), rows, cols, dequantize_row_q8);
+      const auto want4 = oracle_exact(m.q4, x.data(), rows, cols, dequantize_row_q4);
+      const auto want8g = oracle_ggml(m.q8, x.data(), rows, cols, dequantize_row_q8);
+      const auto want4g = oracle_ggml(m.q4, x.data(), rows, cols, dequantize_row_q4);
+      std::ostringstream what;
+      what << native::to_string(lv) << " " << rows << "x" << cols;
+      INFO(what.str());
+      for (native::precision p : {native::precision::exact, native::precision::ggml}) {
+        native::set_precision(p);
+        const bool exact = p == native::precision::exact;
+        INFO(native::to_string(p));
+        native::matvec_q8(out.data(), m.q8.data(), x.data(), rows, cols);
+        CHECK(nmse(out.data(), (exact ? want8 : want8g).data(), rows) <= 1e-10);
+        CHECK(out.intact());
+        native_backend().matvec_q4(out.data(), m.q4.data(), x.data(), rows, cols);
+        CHECK(nmse(out.data(), (exact ? want4 : want4g).data(), rows) <= 1e-10);
+        CHECK(out.intact());
+        if (exact) {  // and the reference loop the other backends use
+          ref::matvec_q4(out.data(), m.q4.data(), x.data(), rows, cols);
+          CHECK(nmse(out.data(), want4.data(), rows) <= 1e-10);
+        }
+        // ggml's rounded activations are visibly different from exact but close.
+        if (!exact && cols >= 64) {
+          const double e = nmse(out.data(), want4.data(), rows);
+          CHECK(e > 0);
+          CHECK(e < 1e-3);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("q4_0 quantization follows ggml's reference rule", "[kernels][native]") {
+  // A block whose largest-magnitude value is -4: d = -4 / -8 = 0.5, and
+  // values k*0.5 for k in [-8, 7] round-trip exactly.
+  std::vector<float> x(32);
+  for (int i = 0; i < 32; ++i) x[i] = 0.5f * static_cast<float>((i % 16) - 8);
+  x[3] = -4.0f;
+  q4_block b;
+  quantize_row_q4(x.data(), &b, 32);
+  CHECK(fp16_to_fp32(b.d) == 0.5f);
+  std::vector<float> back(32);
+  dequantize_row_q4(&b, back.data(), 32);
+  CHECK(back == x);
+  // Largest magnitude positive (8): d = -1, so +8 maps to q 0 and -7 to 15.
+  std::vector<float> y(32, 0.0f);
+  y[0] = 8.0f;
+  y[20] = -7.0f;
+  quantize_row_q4(y.data(), &b, 32);
+  CHECK(fp16_to_fp32(b.d) == -1.0f);
+  CHECK((b.qs[0] & 0x0f) == 0);
+  CHECK((b.qs[4] >> 4) == 15);
+  CHECK((b.qs[1] & 0x0f) == 8);  // zero
+  // A partial block is padded with zeros (q = 8).
+  std::vector<float> z = {1.0f, -1.0f, 0.25f};
+  quantize_row_q4(z.data(), &b, 3);
+  for (int j = 3; j < 16; ++j) CHECK((b.qs[j] & 0x0f) == 8);
+  for (int j = 0; j < 16; ++j) CHECK((b.qs[j] >> 4) == 8);
+}
+
+TEST_CASE("activations are quantized as ggml's CPU backend does", "[kernels][native]") {
+  // max |x| = 127: the scale is 1 and q = x rounded half to even.
+  std::vector<float> x = {127.0f, 2.5f, 3.5f, -2.5f, -3.5f, 0.49f, -126.6f};
+  std::vector<q8_block> q(1);
+  native::quantize_activations_q8(x.data(), q.data(), static_cast<int>(x.size()));
+  CHECK(fp16_to_fp32(q[0].d) == 1.0f);
+  const int want[] = {127, 2, 4, -2, -4, 0, -127};
+  for (int i = 0; i < 7; ++i) CHECK(q[0].qs[i] == want[i]);
+  for (int i = 7; i < 32; ++i) CHECK(q[0].qs[i] == 0);  // padding
+  // An all-zero block: scale 0, all q 0.
+  std::vector<float> z(40, 0.0f);
+  std::vector<q8_block> qz(2);
+  native::quantize_activations_q8(z.data(), qz.data(), 40);
+  CHECK(qz[1].d == 0);
+  CHECK(qz[1].qs[3] == 0);
+}
+
+TEST_CASE("pool::parallel_for runs every index exactly once", "[kernels][pool]") {
+  for (int threads : {1, 2, 3, 5}) {
+    pool p(threads, 0);
+    CHECK(p.threads() == threads);
+    for (int n : {0, 1, 7, 64, 1000, 4097}) {
+      for (int chunk : {1, 4, 33, 5000}) {
+        std::vector<std::atomic<int>> hits(n > 0 ? n : 1);
+        for (auto& h : hits) h = 0;
+        auto f = [&](int b, int e) {
+          for (int i = b; i < e; ++i) ++hits[i];
+        };
+        for (int rep = 0; rep < 3; ++rep) p.parallel_for(n, chunk, f);
+        int bad = 0;
+        for (int i = 0; i < n; ++i) bad += hits[i] != 3;
+        INFO("threads " << threads << " n " << n << " chunk " << chunk);
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("a parallel_for inside a chunk runs serially on that thread", "[kernels][pool]") {
+  pool p(3, 0);
+  std::atomic<int> total{0};
+  auto outer = [&](int b, int e) {
+    for (int i = b; i < e; ++i) {
+      auto inner = [&](int ib, int ie) { total += ie - ib; };
+      p.parallel_for(10, 3, inner);
+    }
+  };
+  p.parallel_for(20, 2, outer);
+  CHECK(total == 200);
+}
+
+TEST_CASE("native matvecs give identical bits for 1, 2 and 3 threads", "[kernels][pool][native]") {
+  restore saved;
+  const int rows = 1001, cols = 777, ld = 780;
+  test::rng g(9);
+  std::vector<float> W(static_cast<std::size_t>(rows) * ld), x(cols);
+  test::fill(g, W.data(), W.size());
+  test::fill(g, x.data(), cols);
+  const quant_matrix m(rows, cols, 31);
+  for (native::isa lv : levels()) {
+    REQUIRE(native::set_isa(lv));
+    for (native::precision pr : {native::precision::exact, native::precision::ggml}) {
+      native::set_precision(pr);
+      std::vector<std::vector<float>> results;
+      for (int threads : {1, 2, 3}) {
+        pool p(threads, 0);
+        pool::scope use(&p);
+        REQUIRE(pool::current() == &p);
+        std::vector<float> a(rows), b(rows), c(rows);
+        native_backend().matvec(a.data(), W.data(), x.data(), rows, cols, ld);
+        native_backend().matvec_q8(b.data(), m.q8.data(), x.data(), rows, cols);
+        native::matvec_q4(c.data(), m.q4.data(), x.data(), rows, cols);
+        a.insert(a.end(), b.begin(), b.end());
+        a.insert(a.end(), c.begin(), c.end());
+        results.push_back(a);
+      }
+      INFO(native::to_string(lv) << " " << native::to_string(pr));
+      CHECK(results[1] == results[0]);
+      CHECK(results[2] == results[0]);
+    }
+  }
+  CHECK(pool::current() == nullptr);
+}
