@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -52,21 +53,31 @@ struct fast_rng {
   float uniform() { return static_cast<float>(next() >> 8) * (2.0f / 16777216.0f) - 1.0f; }
 };
 
-// Median wall time of f() in seconds: calls until min_s have passed (at
-// least 2, at most 50), after one warm-up call when a call is short.
+// CPU seconds of the calling thread (CLOCK_THREAD_CPUTIME_ID).
+double thread_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+bool g_cpu_time = false;  // kernels_bench_options::cpu_time for this run
+
+// Median time of f() in seconds (wall, or the calling thread's CPU time with
+// --cpu-time): calls until min_s of wall time have passed (at least 2, at
+// most 50), after one warm-up call when a call is short.
 template <class F>
 double time_median(F&& f, double min_s) {
   std::vector<double> t;
+  auto now = [] { return g_cpu_time ? thread_cpu_s() : std::chrono::duration<double>(clock_type::now().time_since_epoch()).count(); };
   const auto start = clock_type::now();
-  const auto t0 = clock_type::now();
+  const double t0 = now();
   f();
-  const double first = std::chrono::duration<double>(clock_type::now() - t0).count();
+  const double first = now() - t0;
   if (first > min_s) t.push_back(first);  // slow: the first call counts
   while (t.size() < 2 ||
          (std::chrono::duration<double>(clock_type::now() - start).count() < min_s && t.size() < 50)) {
-    const auto a = clock_type::now();
+    const double a = now();
     f();
-    t.push_back(std::chrono::duration<double>(clock_type::now() - a).count());
+    t.push_back(now() - a);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -76,12 +87,14 @@ double time_median(F&& f, double min_s) {
 // four vector accumulators. Best of 5 (bytes / s).
 double read_bandwidth(const float* p, std::size_t n, int threads) {
   volatile float sink = 0;
+  std::vector<double> cpu(threads);
   auto pass = [&] {
     std::vector<std::thread> ts;
     std::vector<float> part(threads);
     const std::size_t per = (n / threads) & ~std::size_t{15};
     for (int i = 0; i < threads; ++i)
       ts.emplace_back([&, i] {
+        const double c0 = thread_cpu_s();
         const v4f* v = reinterpret_cast<const v4f*>(p + per * i);
         v4f a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
         for (std::size_t k = 0; k + 4 <= per / 4; k += 4) {
@@ -92,6 +105,7 @@ double read_bandwidth(const float* p, std::size_t n, int threads) {
         }
         const v4f s = (a0 + a1) + (a2 + a3);
         part[i] = s[0] + s[1] + s[2] + s[3];
+        cpu[i] = thread_cpu_s() - c0;
       });
     for (auto& t : ts) t.join();
     for (float f : part) sink = sink + f;
@@ -100,7 +114,8 @@ double read_bandwidth(const float* p, std::size_t n, int threads) {
   for (int r = 0; r < 5; ++r) {
     const auto a = clock_type::now();
     pass();
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - a).count());
+    const double wall = std::chrono::duration<double>(clock_type::now() - a).count();
+    best = std::min(best, g_cpu_time ? *std::max_element(cpu.begin(), cpu.end()) : wall);
   }
   const std::size_t per = (n / threads) & ~std::size_t{15};
   return static_cast<double>(per * threads * sizeof(float)) / best;
@@ -142,6 +157,7 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
                       std::vector<kernels_bench_row>& rows) {
   kernels::register_backend(&kernels::spe_backend());
   kernels::register_backend(&kernels::spu_host_backend());
+  g_cpu_time = o.cpu_time;
   std::vector<const kernels::backend*> bes;
   for (const auto& n : o.backends) {
     const kernels::backend* be = kernels::find_backend(n);

@@ -32,6 +32,10 @@ struct kernels_bench_options {
   double min_seconds = 0.25;  // per measurement (at least 2 and at most 50 calls)
   int probe_mib = 256;        // size of the read-bandwidth probe's buffer
   std::vector<std::string> backends = {"reference", "blas", "native", "spe"};
+  /// Time with the calling thread's CPU clock instead of wall time (and the
+  /// probe with its threads' CPU clocks): for a machine shared with other
+  /// work. Only meaningful with workers == 1 (other threads' time is not seen).
+  bool cpu_time = false;
 };
 
 /// One measured row (the shape of CLI.md's bench JSON): value with unit, and

@@ -51,6 +51,8 @@ void add_bench(CLI::App& app, int& status) {
   kb->add_option("--backends", ko->backends, "backends to measure")->delimiter(',')->capture_default_str();
   kb->add_option("--min-seconds", ko->min_seconds, "time per measurement")->capture_default_str();
   kb->add_option("--probe-mib", ko->probe_mib, "bandwidth probe buffer (MiB)")->capture_default_str();
+  kb->add_flag("--cpu-time", ko->cpu_time,
+               "time with thread CPU clocks instead of wall time (a shared machine; use with --threads 1)");
   kb->add_option("--json", *kjson, "rows as JSON to FILE (- = stdout)");
   kb->callback([ko, kjson, &status] {
     std::string j;
