@@ -176,8 +176,8 @@ int run_peers_bench(const peers_bench_options& o, std::vector<bench_row>& rows) 
         if (sh(c.cmd + n_short, err, o.deadline_s, &cpu_short) != 0) cpu_short = 0;
         c.tps.push_back(t);
         c.cpu.push_back(cpu - cpu_short);
-        std::fprintf(stderr, "bench peers: round %d %-24s %8.2f tok/s (wall), %7.2f s CPU after the first 2 positions\n", rep + 1,
-                     c.name.c_str(), t, cpu);
+        std::fprintf(stderr, "bench peers: round %d %-24s %8.2f tok/s (wall), %7.2f s CPU (run), %7.2f s CPU after the first 2 positions\n",
+                     rep + 1, c.name.c_str(), t, cpu, cpu - cpu_short);
       }
     }
     // Ratios per round (the two runs of a pair are neighbours in time), then
