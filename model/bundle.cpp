@@ -1,5 +1,9 @@
 #include "model/bundle.hpp"
 
+#include "model/gguf.hpp"
+
+#include <fstream>
+
 namespace cellshard::model {
 
 result<void> check_pair(const model_file& f, const tokenizer& t) {
@@ -11,6 +15,13 @@ result<void> check_pair(const model_file& f, const tokenizer& t) {
   return {};
 }
 
+bool is_gguf_path(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint8_t magic[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(magic), 4);
+  return in.gcount() == 4 && gguf::file::has_magic(magic, 4);
+}
+
 result<bundle> load_bundle(const std::string& model_path, const std::string& tokenizer_path,
                            load_options opts) {
   bundle b;
@@ -18,6 +29,7 @@ result<bundle> load_bundle(const std::string& model_path, const std::string& tok
   if (!f) return f.err();
   b.file = *f;
   std::string tp = tokenizer_path;
+  if (tp.empty() && is_gguf_path(model_path)) tp = model_path;  // its own tokenizer.ggml.* keys
   if (tp.empty()) {
     const auto slash = model_path.rfind('/');
     tp = (slash == std::string::npos ? std::string(".") : model_path.substr(0, slash)) +

@@ -15,12 +15,22 @@ generation_params normalise(generation_params p, int seq_len) {
   return p;
 }
 
+result<std::vector<int>> prompt_ids(const tokenizer& tok, const generation_params& params) {
+  std::vector<int> ids = tok.encode(params.prompt, params.add_bos, false);
+  if (ids.empty())
+    return make_error("the prompt encodes to no tokens and tokenizer " + tok.name() +
+                      " adds no BOS: give a prompt (-i TEXT)");
+  return ids;
+}
+
 result<generation_result> generate(const forward_fn& forward, const tokenizer& tok,
                                    int vocab_size, const generation_params& params,
-                                   const piece_fn& on_piece) {
+                                   const piece_fn& on_piece, const logits_fn& on_logits) {
   using clock = std::chrono::steady_clock;
   generation_result out;
-  const std::vector<int> prompt = tok.encode(params.prompt, true, false);
+  auto encoded = prompt_ids(tok, params);
+  if (!encoded) return encoded.err();
+  const std::vector<int> prompt = std::move(*encoded);
   out.prompt_tokens = static_cast<int>(prompt.size());
   sampler smp(vocab_size, params.sampling);
   std::vector<float> logits(vocab_size);
@@ -34,6 +44,7 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
   while (pos < params.steps) {
     auto l = forward(token, pos);
     if (!l) return l.err();
+    if (on_logits) on_logits(pos, *l);
     int next;
     const bool sampled = pos >= static_cast<int>(prompt.size()) - 1;
     if (!sampled) {
@@ -53,7 +64,7 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
       have_sampled = true;
       out.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
     }
-    if (next == bos_id) break;
+    if (!params.ignore_eos && tok.is_stop(next)) break;
     const std::string piece = tok.decode(token, next);
     out.text += piece;
     if (on_piece) on_piece(next, piece);

@@ -1,8 +1,10 @@
 // model/generate.hpp: llama2.c run.c's generate() loop over any forward
-// function: encode the prompt with BOS, feed prompt tokens (teacher-forced,
-// no sampling, no RNG use), then sample; stop after `steps` positions or when
-// BOS is sampled. Prints nothing itself: pieces go to the callback as run.c's
-// safe_printf would print them.
+// function: encode the prompt with BOS (GGUF: when the model adds one), feed
+// prompt tokens (teacher-forced, no sampling, no RNG use), then sample; stop
+// after `steps` positions or on the tokenizer's stop rule (tokenizer::is_stop:
+// a sampled BOS for llama2.c files as run.c, the end-of-generation tokens for
+// GGUF as llama.cpp) unless `ignore_eos`. Prints nothing itself: pieces go to
+// the callback as the tokenizer decodes them.
 #pragma once
 
 #include "model/result.hpp"
@@ -20,6 +22,10 @@ struct generation_params {
   std::string prompt;     // "" = no prompt (BOS only)
   int steps = 256;        // forward passes; 0 or > seq_len means seq_len (run.c)
   sampler_params sampling;
+  bool ignore_eos = false;  // no stop token: exactly `steps` positions run
+  /// Prompt text that is already a chat prompt may carry BOS itself; false
+  /// leaves BOS out even when the tokenizer adds one (see model/chat.hpp).
+  bool add_bos = true;
 };
 
 /// Normalises params as run.c's main does: temperature < 0 -> 0, topp outside
@@ -41,10 +47,18 @@ struct generation_result {
 using forward_fn = std::function<result<const float*>(int token, int pos)>;
 /// on_piece(token, bytes) is called for each generated token with run.c's output.
 using piece_fn = std::function<void(int token, const std::string& piece)>;
+/// on_logits(pos, logits) sees the logits [vocab] after feeding position pos,
+/// for every position, prompt positions included.
+using logits_fn = std::function<void(int pos, const float* logits)>;
+
+/// The prompt's token ids as generation feeds them: tok.encode with BOS when
+/// params.add_bos (and the tokenizer adds one). Error when that is empty (a
+/// model without BOS and an empty prompt): there is no first token to feed.
+result<std::vector<int>> prompt_ids(const tokenizer& tok, const generation_params& params);
 
 result<generation_result> generate(const forward_fn& forward, const tokenizer& tok,
                                    int vocab_size, const generation_params& params,
-                                   const piece_fn& on_piece);
+                                   const piece_fn& on_piece, const logits_fn& on_logits = {});
 
 /// "1,2,3\n": the fixtures' .ids format.
 std::string format_ids(const std::vector<int>& ids);

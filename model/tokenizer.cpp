@@ -1,5 +1,7 @@
 #include "model/tokenizer.hpp"
 
+#include "model/gguf.hpp"
+
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +15,12 @@ result<std::shared_ptr<const tokenizer>> tokenizer::open(const std::string& path
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(path + ": cannot open tokenizer file: " + std::strerror(errno));
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (gguf::file::has_magic(bytes.data(), bytes.size())) {
+    bytes = {};
+    auto f = gguf::file::open(path);
+    if (!f) return f.err();
+    return from_gguf(**f);
+  }
   return from_bytes(bytes, path);
 }
 
@@ -115,7 +123,7 @@ int tokenizer::lookup(const std::string& s) const {
   return it == index_.end() ? -1 : it->second;
 }
 
-std::vector<int> tokenizer::encode(const std::string& text, bool bos, bool eos) const {
+std::vector<int> tokenizer::encode_llama2c(const std::string& text, bool bos, bool eos) const {
   std::vector<int> tokens;
   if (bos) tokens.push_back(bos_id);
   if (!text.empty()) {
@@ -166,7 +174,7 @@ std::vector<int> tokenizer::encode(const std::string& text, bool bos, bool eos) 
   return tokens;
 }
 
-std::string tokenizer::decode(int prev, int token) const {
+std::string tokenizer::decode_llama2c(int prev, int token) const {
   if (token < 0 || token >= vocab_size()) return {};
   const char* piece = vocab_[token].c_str();
   if (prev == bos_id && piece[0] == ' ') ++piece;

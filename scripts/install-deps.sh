@@ -9,6 +9,7 @@ pkgs=(
   libcereal-dev libxxhash-dev    # checkpoints and digests
   catch2                         # tests (Catch2 v2)
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libicu-dev                     # Unicode categories of the GGUF BPE pre-tokenizers
   libbenchmark-dev               # micro-benchmarks
   gnuplot-nox                    # plots
   iproute2 iperf3                # network-namespace lab (ip netns, tc) and its shaping check
