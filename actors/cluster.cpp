@@ -305,6 +305,7 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.resumed_journal = extra.resumed_journal;
   spec.model_path = absolute_file(im.file->path());
   spec.tokenizer_path = absolute_file(im.tok->name());
+  spec.on_logits = extra.on_logits;
   if (on_token) spec.on_token = [id, on_token](int t, const std::string& p) { on_token(id, t, p); };
   impl* self = impl_.get();
   spec.on_done = [id, on_done, self](const session_outcome& o) {

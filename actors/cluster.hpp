@@ -86,6 +86,9 @@ struct request_options {
   /// The verified journal resume_ids come from: `journal` continues it
   /// (same running digest) instead of starting a new one.
   std::shared_ptr<const model::journal> resumed_journal;
+  /// Sees the logits [vocab] after each position, prompt positions included
+  /// (which are then prefilled one per step). Called on the session's thread.
+  std::function<void(int pos, const float* logits)> on_logits;
 };
 
 class cluster {

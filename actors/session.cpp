@@ -149,7 +149,7 @@ void emit(session_actor* self, int next) {
   st.last = now;
   if (sampled && r.ids.size() == n_prompt + 1)
     r.ttft_ms = std::chrono::duration<double, std::milli>(now - st.t0).count();
-  if (next == model::bos_id) return;
+  if (!st.spec.params.ignore_eos && st.spec.tok->is_stop(next)) return;
   const std::string piece = st.spec.tok->decode(st.token, next);
   r.text += piece;
   if (st.spec.on_token && !resumed) st.spec.on_token(next, piece);
@@ -363,7 +363,12 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
   st.ckpt_end.assign(st.spec.shards.size(), 0);
   st.trimmed.assign(st.spec.stages.size(), 0);
   if (st.spec.coordinator) self->send(st.spec.coordinator, join_atom::value, caf::actor{self});
-  st.prompt = st.spec.tok->encode(st.spec.params.prompt, true, false);
+  auto encoded = model::prompt_ids(*st.spec.tok, st.spec.params);
+  if (!encoded) {
+    finish(self, false, encoded.message());
+    return {};
+  }
+  st.prompt = std::move(*encoded);
   st.smp = std::make_unique<model::sampler>(st.spec.vocab_size, st.spec.params.sampling);
   if (!st.spec.resume_ids.empty()) {
     // Everything the killed run produced is teacher-forced like a prompt.
@@ -402,9 +407,10 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
   // position's logits give the first sampled token.
   const int steps = st.spec.params.steps;
   const int n_prompt = static_cast<int>(st.prompt.size());
-  const int batch = std::min(n_prompt, steps);
+  // --logits-out needs every prompt position's logits: one position per step.
+  const int batch = st.spec.on_logits ? 1 : std::min(n_prompt, steps);
   for (int p = 0; p + 1 < n_prompt && p < steps; ++p) emit(self, st.prompt[p + 1]);
-  if (n_prompt > steps || !st.journal_error.empty()) {
+  if ((n_prompt > steps && !st.spec.on_logits) || !st.journal_error.empty()) {
     // Every position is a prompt position: nothing to compute.
     st.pos = steps;
     self->send(self, timeout_atom::value, uint64_t{0});  // finishes below
@@ -430,8 +436,20 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
               st.compute_ms_per_position <= 0 ? per : 0.8 * st.compute_ms_per_position + 0.2 * per;
         }
         st.compute_ns += m.compute_ns;
+        if (st.spec.on_logits) st.spec.on_logits(m.id.pos0 + m.id.count - 1, m.logits.data.data());
         st.pos += m.id.count;
         st.retries_left = st.spec.max_retries;
+        if (st.pos < static_cast<int>(st.prompt.size()) && st.pos < st.spec.params.steps) {
+          // Prefill one position at a time (on_logits): the next token is the prompt's.
+          st.token = st.prompt[st.pos];
+          st.inflight = {st.token};
+          send_step(self);
+          return;
+        }
+        if (st.pos < static_cast<int>(st.prompt.size())) {  // -n ended inside the prompt
+          finish(self, true, "");
+          return;
+        }
         const int next = st.smp->sample(m.logits.data.data());
         emit(self, next);
         if (!st.journal_error.empty()) {
@@ -449,7 +467,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
           st.current = recovery_record{};
           st.restarted.clear();
         }
-        if (next == model::bos_id || st.pos >= st.spec.params.steps) {
+        if ((!st.spec.params.ignore_eos && st.spec.tok->is_stop(next)) || st.pos >= st.spec.params.steps) {
           finish(self, true, "");
           return;
         }

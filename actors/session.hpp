@@ -98,6 +98,9 @@ struct session_spec {
   /// index (-1: none), to show that a corrupt checkpoint is detected.
   int corrupt_checkpoints_of = -1;
   std::function<void(int token, const std::string& piece)> on_token;
+  /// When set, prompt positions are prefilled one per step and this sees the
+  /// logits [vocab_size] after every position (run --logits-out).
+  std::function<void(int pos, const float* logits)> on_logits;
   std::function<void(const session_outcome&)> on_done;
 };
 

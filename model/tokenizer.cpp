@@ -14,13 +14,17 @@ namespace cellshard::model {
 result<std::shared_ptr<const tokenizer>> tokenizer::open(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(path + ": cannot open tokenizer file: " + std::strerror(errno));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (gguf::file::has_magic(bytes.data(), bytes.size())) {
-    bytes = {};
+  // A GGUF file (a whole model, possibly gigabytes) is mapped, not read.
+  uint8_t magic[4] = {0, 0, 0, 0};
+  in.read(reinterpret_cast<char*>(magic), 4);
+  if (in.gcount() == 4 && gguf::file::has_magic(magic, 4)) {
     auto f = gguf::file::open(path);
     if (!f) return f.err();
     return from_gguf(**f);
   }
+  in.clear();
+  in.seekg(0);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return from_bytes(bytes, path);
 }
 

@@ -13,5 +13,7 @@ void add_commands(CLI::App& app, int& status) {
   add_quantize(app, status);
   add_certs(app, status);
   add_status(app, status);
+  add_tokenize(app, status);
+  add_inspect(app, status);
 }
 }  // namespace cellshard::tools

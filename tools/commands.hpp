@@ -18,4 +18,6 @@ void add_plan(CLI::App& app, int& status);
 void add_quantize(CLI::App& app, int& status);
 void add_certs(CLI::App& app, int& status);
 void add_status(CLI::App& app, int& status);
+void add_tokenize(CLI::App& app, int& status);
+void add_inspect(CLI::App& app, int& status);
 }  // namespace cellshard::tools

@@ -6,8 +6,11 @@
 #include "kernels/pool.hpp"
 #include "kernels/spe.hpp"
 #include "supervision/fault_plan.hpp"
+#include "model/bundle.hpp"
+#include "model/chat.hpp"
 #include "model/generate.hpp"
 #include "model/journal.hpp"
+#include "model/gguf.hpp"
 #include "model/transformer.hpp"
 #include "topologies/placement.hpp"
 #include "topologies/profile.hpp"
@@ -66,6 +69,91 @@ struct run_opts {
        prompt_given = false;
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
   std::string cluster, tls_cert, tls_key, tls_ca;
+  // Issue #16: stop rule, logits, chat.
+  bool ignore_eos = false;
+  std::string logits_out;
+  bool chat = false;
+  std::string system, chat_format;
+};
+
+/// The prompt text run feeds: -i as is, or with --chat the messages (system,
+/// then -i as the first user turn) in the chat format of --chat-format, else
+/// the one the GGUF's tokenizer.chat_template names, else contents joined.
+/// Sets gp.prompt and gp.add_bos; returns the format's name ("" without --chat).
+std::string chat_prompt(const run_opts& o, const std::string& model_path, model::generation_params& gp) {
+  if (!o.chat) {
+    if (!o.system.empty() || !o.chat_format.empty())
+      throw cli_error("--system and --chat-format shape a chat prompt: they need --chat", 2);
+    return "";
+  }
+  model::chat::format f = model::chat::format::none;
+  if (!o.chat_format.empty()) {
+    auto p = model::chat::parse_format(o.chat_format);
+    if (!p) throw cli_error("--chat-format: " + p.message(), 2);
+    f = *p;
+  } else if (!model_path.empty() && model::is_gguf_path(model_path)) {
+    auto g = model::gguf::file::open(model_path);
+    if (!g) throw cli_error(g.message());
+    if ((*g)->has("tokenizer.chat_template")) {
+      auto t = (*g)->get_string("tokenizer.chat_template");
+      if (!t) throw cli_error(t.message());
+      f = model::chat::detect(*t);
+    }
+  }
+  std::vector<model::chat::message> msgs;
+  if (!o.system.empty()) msgs.push_back({"system", o.system});
+  msgs.push_back({"user", o.prompt});
+  auto p = model::chat::apply(f, msgs);
+  if (!p) throw cli_error(p.message(), 2);
+  gp.prompt = p->text;
+  gp.add_bos = p->add_bos;
+  return model::chat::to_string(f);
+}
+
+/// --logits-out: row p = the logits after feeding position p, little-endian
+/// float32, vocab values per row, rows in position order.
+class logits_writer {
+public:
+  logits_writer(const std::string& path, int vocab) : path_(path), vocab_(vocab) {
+    if (path.empty()) return;
+    f_ = std::fopen(path.c_str(), "wb");
+    if (!f_) throw cli_error(path + ": cannot write: " + std::strerror(errno));
+  }
+  ~logits_writer() {
+    if (f_) std::fclose(f_);
+  }
+  bool active() const { return f_ != nullptr; }
+  void add(int pos, const float* l) {
+    if (!f_ || failed_) return;
+    if (pos != rows_) {  // a replayed position after a recovery: already written
+      if (pos < rows_) return;
+      failed_ = true;
+      return;
+    }
+    buf_.resize(static_cast<size_t>(vocab_) * 4);
+    for (int i = 0; i < vocab_; ++i) {
+      uint32_t b;
+      std::memcpy(&b, &l[i], 4);
+      for (int k = 0; k < 4; ++k) buf_[4 * static_cast<size_t>(i) + k] = static_cast<uint8_t>(b >> (8 * k));
+    }
+    if (std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) failed_ = true;
+    ++rows_;
+  }
+  void close() {
+    if (!f_) return;
+    const bool bad = std::fclose(f_) != 0 || failed_;
+    f_ = nullptr;
+    if (bad) throw cli_error(path_ + ": writing the logits failed (disk full, or positions out of order)");
+  }
+  int rows() const { return rows_; }
+
+private:
+  std::string path_;
+  int vocab_;
+  std::FILE* f_ = nullptr;
+  std::vector<uint8_t> buf_;
+  int rows_ = 0;
+  bool failed_ = false;
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -264,6 +352,9 @@ int do_run(const run_opts& o) {
   gp.prompt = o.prompt;
   gp.steps = o.steps;
   gp.sampling = {o.temperature, o.topp, o.seed};
+  gp.ignore_eos = o.ignore_eos;
+  const std::string chat_fmt = chat_prompt(o, o.model, gp);
+  if (!chat_fmt.empty()) std::fprintf(stderr, "chat format: %s\n", chat_fmt.c_str());
   gp = model::normalise(gp, lm.file->cfg().seq_len);
   actors::request_options extra;
   extra.journal = o.journal;
@@ -328,6 +419,11 @@ int do_run(const run_opts& o) {
     }
     std::fprintf(stderr, "resuming %s: %zu ids already produced\n", o.resume.c_str(), extra.resume_ids.size());
   }
+  {
+    auto pi = model::prompt_ids(*lm.tok, gp);
+    if (!pi) throw cli_error(pi.message(), 2);
+  }
+  logits_writer logits(o.logits_out, lm.file->cfg().vocab_size);
 
   auto print_piece = [&](const std::string& piece) {
     if (o.quiet) return;
@@ -350,7 +446,8 @@ int do_run(const run_opts& o) {
     res = model::generate(
         [&](int token, int pos) -> result<const float*> { return eng.forward(token, pos); },
         *lm.tok, lm.file->cfg().vocab_size, gp,
-        [&](int, const std::string& piece) { print_piece(piece); });
+        [&](int, const std::string& piece) { print_piece(piece); },
+        logits.active() ? model::logits_fn([&](int pos, const float* l) { logits.add(pos, l); }) : model::logits_fn());
     if (res)
       nodes_json.push_back({{"index", 0},
                             {"role", "whole model"},
@@ -435,6 +532,10 @@ int do_run(const run_opts& o) {
                        m.from, m.to, m.measured_bps / 1e6, m.measured_latency_us, m.target_bps / 1e6,
                        m.target_latency_us);
       }
+    }
+    if (logits.active()) {
+      if (!o.resume.empty()) throw cli_error("--logits-out starts at position 0: it cannot follow --resume", 2);
+      extra.on_logits = [&](int pos, const float* l) { logits.add(pos, l); };
     }
     // --batch B: B identical requests at once; the first one's text is printed.
     const auto wall0 = std::chrono::steady_clock::now();
@@ -546,6 +647,7 @@ int do_run(const run_opts& o) {
     for (auto& kv : by_node) nodes_json.push_back(kv.second);
   }
   if (!res) throw cli_error(res.message());
+  logits.close();
   if (!o.quiet) {
     std::fputs("\n", stdout);
     std::fflush(stdout);
@@ -647,6 +749,16 @@ void add_run(CLI::App& app, int& status) {
                   "compare the ids with FILE; on a difference exit 3 naming the position");
   cmd->add_option("--json,--metrics-out", o->json_out, "machine-readable result to FILE (- = stdout)");
   cmd->add_flag("-q,--quiet", o->quiet, "do not print the generated text");
+  cmd->add_flag("--ignore-eos", o->ignore_eos,
+                "never stop on a token (llama2.c: a sampled BOS; GGUF: EOS / end of turn): exactly -n positions");
+  cmd->add_option("--logits-out", o->logits_out,
+                  "write the logits after every position (prompt included) to FILE: little-endian float32, "
+                  "one row of vocab values per position");
+  cmd->add_flag("--chat", o->chat, "-i is the first user turn of a chat, in the model's prompt format");
+  cmd->add_option("--system", o->system, "system message of --chat");
+  cmd->add_option("--chat-format", o->chat_format,
+                  "llama2|llama3|chatml|zephyr|none (default: from the GGUF's tokenizer.chat_template, "
+                  "else none: contents joined by newlines)");
   // In-process nodes: any of these runs the model on the actor runtime.
   auto* g = "Nodes (in process)";
   std::vector<CLI::Option*> cluster_flags = {

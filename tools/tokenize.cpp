@@ -1,0 +1,101 @@
+// `cellshard tokenize`: text -> token ids (as llama.cpp's llama-tokenize with
+// its ids output), or ids -> text with --decode. Loads only the tokenizer: a
+// vocabulary-only GGUF works, as does a llama2.c model with -z.
+#include "model/bundle.hpp"
+#include "model/tokenizer.hpp"
+#include "tools/commands.hpp"
+#include "tools/common.hpp"
+
+#include <cstdio>
+#include <sstream>
+
+namespace cellshard::tools {
+
+namespace {
+
+struct tokenize_opts {
+  std::string model, tokenizer, prompt, decode;
+  bool no_bos = false, no_parse_special = false;
+};
+
+std::shared_ptr<const model::tokenizer> open_tokenizer(const tokenize_opts& o) {
+  if (o.model.empty() && o.tokenizer.empty()) return load_model("", "").tok;  // the default model's
+  std::string tp = o.tokenizer;
+  if (tp.empty()) {
+    if (model::is_gguf_path(o.model)) {
+      tp = o.model;
+    } else {
+      const auto slash = o.model.rfind('/');
+      tp = (slash == std::string::npos ? std::string(".") : o.model.substr(0, slash)) + "/tokenizer.bin";
+    }
+  }
+  auto t = model::tokenizer::open(tp);
+  if (!t) throw cli_error(t.message());
+  return *t;
+}
+
+int do_tokenize(const tokenize_opts& o, bool have_prompt, bool have_decode) {
+  if (have_prompt == have_decode)
+    throw cli_error("tokenize: give either -i TEXT (encode) or --decode \"ID ID ...\" (decode)", 2);
+  auto tok = open_tokenizer(o);
+  if (have_prompt) {
+    const auto ids = tok->encode(o.prompt, !o.no_bos, false, !o.no_parse_special);
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+    std::printf("%s\n", line.c_str());
+    return 0;
+  }
+  std::istringstream in(o.decode);
+  std::string item;
+  std::vector<int> ids;
+  int n = 0;
+  while (in >> item) {
+    for (char& c : item)
+      if (c == ',') c = ' ';
+    std::istringstream parts(item);
+    std::string part;
+    while (parts >> part) {
+      size_t used = 0;
+      long v = -1;
+      try {
+        v = std::stol(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != part.size() || v < 0 || v >= tok->vocab_size())
+        throw cli_error("--decode: entry " + std::to_string(n) + " is '" + part + "', expected a token id in 0.." +
+                            std::to_string(tok->vocab_size() - 1) + " (" + tok->name() + ")",
+                        2);
+      ids.push_back(static_cast<int>(v));
+      ++n;
+    }
+  }
+  if (ids.empty()) throw cli_error("--decode: no token ids", 2);
+  std::string text;
+  int prev = -1;
+  for (int id : ids) {
+    text += tok->decode(prev, id);
+    prev = id;
+  }
+  std::printf("%s\n", text.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_tokenize(CLI::App& app, int& status) {
+  auto o = std::make_shared<tokenize_opts>();
+  auto* cmd = app.add_subcommand("tokenize", "text to token ids (or ids to text with --decode)");
+  cmd->add_option("-m,--model", o->model,
+                  "model whose tokenizer to use: a GGUF (a vocabulary-only one works) or a llama2.c .bin "
+                  "(then -z, default tokenizer.bin beside it)");
+  cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer file (llama2.c tokenizer.bin, or a GGUF)");
+  auto* prompt = cmd->add_option("-i,--prompt", o->prompt, "text to encode; prints the ids on one line");
+  cmd->add_flag("--no-bos", o->no_bos, "leave out BOS even when the model adds one");
+  cmd->add_flag("--no-parse-special", o->no_parse_special,
+                "GGUF: encode special tokens written in the text as plain text");
+  auto* decode = cmd->add_option("--decode", o->decode, "\"ID ID ...\": print the text of these ids");
+  cmd->callback([o, prompt, decode, &status] { status = do_tokenize(*o, prompt->count() > 0, decode->count() > 0); });
+}
+
+}  // namespace cellshard::tools
