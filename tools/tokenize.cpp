@@ -74,7 +74,10 @@ int do_tokenize(const tokenize_opts& o, bool have_prompt, bool have_decode) {
   std::string text;
   int prev = -1;
   for (int id : ids) {
-    text += tok->decode(prev, id);
+    // llama2.c files have no token types: their BOS and EOS pieces ("\n<s>\n")
+    // are control tokens all the same, and print nothing (as in generation).
+    const bool control = tok->kind() == model::tokenizer_kind::llama2c && (id == tok->bos() || id == tok->eos());
+    if (!control) text += tok->decode(prev, id);
     prev = id;
   }
   std::printf("%s\n", text.c_str());

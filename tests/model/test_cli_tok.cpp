@@ -200,3 +200,32 @@ TEST_CASE("run --chat: messages joined for a model without a template; --chat-fo
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains("need --chat"));
 }
+
+TEST_CASE("run stops when a llama2.c model samples BOS; --ignore-eos runs exactly -n positions, on a cluster too",
+          "[cli][stop]") {
+  if (!test::have_shared()) return;
+  const auto bin = test::cellshard_bin();
+  const std::string dir = test::temp_dir("stop");
+  // Seed 7 at temperature 1 samples BOS at position 164 (the story ends).
+  const std::vector<std::string> base = {bin, "run", "-m", test::shared_file("models/stories260K.bin"), "-z",
+                                         test::shared_file("models/tok512.bin"), "-t", "1", "-s", "7", "-n", "512",
+                                         "-q"};
+  auto stop = base;
+  stop.insert(stop.end(), {"--ids-out", dir + "/stop.ids"});
+  auto r = test::run_command(stop);
+  REQUIRE(r.status == 0);
+  const auto stopped = test::read_ids(dir + "/stop.ids");
+  REQUIRE(stopped.size() < 513);
+  CHECK(stopped.back() == 1);
+  for (const auto& extra : {std::vector<std::string>{}, std::vector<std::string>{"--nodes", "2"}}) {
+    auto all = base;
+    all.insert(all.end(), {"--ignore-eos", "--ids-out", dir + "/all.ids"});
+    all.insert(all.end(), extra.begin(), extra.end());
+    r = test::run_command(all);
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    const auto ids = test::read_ids(dir + "/all.ids");
+    CHECK(ids.size() == 513);
+    CHECK(std::vector<int>(ids.begin(), ids.begin() + stopped.size()) == stopped);
+  }
+}
