@@ -1,5 +1,7 @@
 #include "tests/support.hpp"
 
+#include <cstring>
+
 #include <cerrno>
 #include <csignal>
 #include <chrono>
@@ -47,6 +49,20 @@ std::vector<int> read_ids(const std::string& path) {
   std::string tok;
   while (std::getline(in, tok, ',')) ids.push_back(std::stoi(tok));
   return ids;
+}
+
+void put_le32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t get_le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+float get_le_f32(const uint8_t* p) {
+  const uint32_t u = get_le32(p);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 std::string cellshard_bin() { return std::string(CELLSHARD_BINARY_DIR) + "/tools/cellshard"; }

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,13 @@ bool have_shared();
 /// Reads a fixture .ids file: comma-separated ids on one line.
 std::vector<int> read_ids(const std::string& path);
 std::string read_file(const std::string& path);
+
+/// Little-endian fields of the project's file formats (docs/formats.md),
+/// whatever the host's byte order: tests that patch or read a file's bytes
+/// use these, so that they also pass on a big-endian CPU (docs/cell.md).
+void put_le32(uint8_t* p, uint32_t v);
+uint32_t get_le32(const uint8_t* p);
+float get_le_f32(const uint8_t* p);
 
 /// The cellshard executable built in this tree.
 std::string cellshard_bin();

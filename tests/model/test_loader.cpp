@@ -63,8 +63,7 @@ TEST_CASE("bad model files are clear errors naming file and field", "[loader][er
   }
   SECTION("corrupt header: dim not divisible by heads") {
     auto b = good;
-    const int32_t dim = 65;
-    std::memcpy(b.data(), &dim, 4);
+    test::put_le32(b.data(), 65);  // dim
     auto r = model::model_file::from_bytes(b, "bad.bin");
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.message(), Catch::Contains("bad.bin") && Catch::Contains("dim 65") &&
@@ -72,16 +71,14 @@ TEST_CASE("bad model files are clear errors naming file and field", "[loader][er
   }
   SECTION("corrupt header: negative field") {
     auto b = good;
-    const int32_t layers = -5;
-    std::memcpy(b.data() + 8, &layers, 4);
+    test::put_le32(b.data() + 8, static_cast<uint32_t>(-5));  // n_layers
     auto r = model::model_file::from_bytes(b, "neg.bin");
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.message(), Catch::Contains("n_layers is -5"));
   }
   SECTION("heads not divisible by kv heads") {
     auto b = good;
-    const int32_t kv = 3;
-    std::memcpy(b.data() + 16, &kv, 4);
+    test::put_le32(b.data() + 16, 3);  // n_kv_heads
     auto r = model::model_file::from_bytes(b, "kv.bin");
     REQUIRE_FALSE(r.ok());
     CHECK_THAT(r.message(), Catch::Contains("n_kv_heads 3"));
@@ -136,15 +133,11 @@ TEST_CASE("synth is deterministic, exact-size and generates", "[synth]") {
   CHECK(a != c);
   CHECK(a.size() == model::checkpoint_bytes(cfg));
   // Header fields as written.
-  int32_t hdr[7];
-  std::memcpy(hdr, a.data(), sizeof hdr);
-  CHECK(hdr[0] == 64);
-  CHECK(hdr[5] == -512);  // unshared classifier
+  CHECK(test::get_le32(a.data()) == 64);
+  CHECK(static_cast<int32_t>(test::get_le32(a.data() + 20)) == -512);  // unshared classifier
   // The RoPE tables sit where export.py puts them: cos(0) = 1 at position 0.
   const size_t floats_before_rope = 512ull * 64 + cfg.layer_params() * 2 + 64;
-  float first_cos;
-  std::memcpy(&first_cos, a.data() + 28 + floats_before_rope * 4, 4);
-  CHECK(first_cos == 1.0f);
+  CHECK(test::get_le_f32(a.data() + 28 + floats_before_rope * 4) == 1.0f);
   auto f = model::model_file::from_bytes(a, "synth");
   REQUIRE(f.ok());
   CHECK_FALSE((*f)->cfg().shared_classifier);

@@ -92,7 +92,7 @@ std::string error_of(std::vector<uint8_t> b, const std::string& name) {
   return r.message();
 }
 
-void put32(std::vector<uint8_t>& b, size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
+void put32(std::vector<uint8_t>& b, size_t at, uint32_t v) { test::put_le32(b.data() + at, v); }
 
 }  // namespace
 
