@@ -46,7 +46,7 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
-#include "model/result.hpp"
+#include <cellshard/result.hpp>
 
 namespace cellshard::supervision {
 

@@ -39,7 +39,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/result.hpp"
+#include <cellshard/result.hpp>
 
 namespace cellshard::supervision {
 

@@ -39,7 +39,7 @@
 #include <deque>
 #include <optional>
 
-#include "model/result.hpp"
+#include <cellshard/result.hpp>
 
 namespace cellshard::supervision {
 

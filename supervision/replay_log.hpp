@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/result.hpp"
+#include <cellshard/result.hpp>
 
 namespace cellshard::supervision {
 

@@ -1,0 +1,16 @@
+# tests/base/layering.cmake: the layers include only what is below them
+# (DESIGN.md): kernels/ and model/ know nothing of CAF; supervision/ knows
+# nothing of models (no model/, topologies/ or actors/ header).
+function(check_folder folder pattern why)
+  file(GLOB_RECURSE files ${SOURCE_DIR}/${folder}/*.hpp ${SOURCE_DIR}/${folder}/*.cpp)
+  foreach(f IN LISTS files)
+    file(STRINGS ${f} hits REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](${pattern})")
+    if(hits)
+      message(SEND_ERROR "${f}: ${why}: ${hits}")
+    endif()
+  endforeach()
+endfunction()
+check_folder(base "caf/|model/|kernels/|topologies/|supervision/|actors/" "base/ depends on nothing")
+check_folder(kernels "caf/|model/|topologies/|supervision/|actors/" "kernels/ is the bottom layer")
+check_folder(model "caf/|topologies/|supervision/|actors/" "model/ knows nothing of CAF or topologies")
+check_folder(supervision "model/|topologies/|actors/|kernels/" "supervision/ knows nothing of models")
