@@ -70,11 +70,14 @@ struct error {
   error_code code = error_code::unspecified;
 };
 
-template <class T>
+/// A T or an error of type E. E is `error` or a type derived from it that
+/// carries more (generation_error carries the partial output). Propagating an
+/// error between results of different T: `if (!r) return r.err();`.
+template <class T, class E = error>
 class result {
 public:
   result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
-  result(error e) : v_(std::move(e)) {}            // NOLINT
+  result(E e) : v_(std::move(e)) {}                // NOLINT
   explicit operator bool() const { return v_.index() == 0; }
   bool ok() const { return v_.index() == 0; }
   T& value() & { return std::get<0>(v_); }
@@ -86,26 +89,26 @@ public:
   const T* operator->() const { return &value(); }
   const std::string& message() const { return std::get<1>(v_).message; }
   error_code code() const { return std::get<1>(v_).code; }
-  const error& err() const { return std::get<1>(v_); }
+  const E& err() const { return std::get<1>(v_); }
 
 private:
-  std::variant<T, error> v_;
+  std::variant<T, E> v_;
 };
 
 /// result<void>: success or an error.
-template <>
-class result<void> {
+template <class E>
+class result<void, E> {
 public:
   result() = default;
-  result(error e) : err_(std::move(e)), ok_(false) {}  // NOLINT
+  result(E e) : err_(std::move(e)), ok_(false) {}  // NOLINT
   explicit operator bool() const { return ok_; }
   bool ok() const { return ok_; }
   const std::string& message() const { return err_.message; }
   error_code code() const { return err_.code; }
-  const error& err() const { return err_; }
+  const E& err() const { return err_; }
 
 private:
-  error err_;
+  E err_;
   bool ok_ = true;
 };
 

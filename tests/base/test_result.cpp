@@ -36,7 +36,7 @@ TEST_CASE("result holds a value or an error with code and message", "[base]") {
   CHECK_THROWS(bad.value());
 }
 
-TEST_CASE("make_error without a code is unspecified; result<void> carries codes", "[base]") {
+TEST_CASE("make_error without a code is unspecified, and result<void> carries codes", "[base]") {
   cellshard::result<void> fine;
   CHECK(fine.ok());
   cellshard::result<void> e = cellshard::make_error("no code");
@@ -56,4 +56,36 @@ TEST_CASE("every error_code has a distinct name", "[base]") {
   }
   CHECK(names.size() == static_cast<std::size_t>(cellshard::error_code::count));
   CHECK(std::string(cellshard::error_code_name(cellshard::error_code::io)) == "io");
+}
+
+namespace {
+struct parse_error : cellshard::error {
+  int consumed = 0;  // what was read before the error
+};
+}  // namespace
+
+TEST_CASE("an error type derived from error carries what was done before it", "[base]") {
+  using r = cellshard::result<int, parse_error>;
+  auto digits = [](const char* s) -> r {
+    int v = 0, n = 0;
+    for (; *s; ++s, ++n) {
+      if (*s < '0' || *s > '9') {
+        parse_error e;
+        e.code = cellshard::error_code::bad_format;
+        e.message = "not a digit at " + std::to_string(n);
+        e.consumed = n;
+        return e;
+      }
+      v = v * 10 + (*s - '0');
+    }
+    return v;
+  };
+  CHECK(*digits("123") == 123);
+  auto bad = digits("12x4");
+  REQUIRE_FALSE(bad);
+  CHECK(bad.code() == cellshard::error_code::bad_format);
+  CHECK(bad.message() == "not a digit at 2");
+  CHECK(bad.err().consumed == 2);
+  cellshard::result<void, parse_error> v = bad.err();
+  CHECK(v.err().consumed == 2);
 }
