@@ -4,7 +4,7 @@ namespace cellshard::actors {
 
 std::chrono::nanoseconds link_shaper::schedule(int32_t dest, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto now = clock_type::now();
+  const auto now = now_();
   std::chrono::nanoseconds extra{0};
   if (extra_count_ > 0) {
     extra = extra_;

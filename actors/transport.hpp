@@ -11,12 +11,15 @@
 // 100 us) or `--link`; what a run actually gets is measured separately by
 // probe bursts (cluster::measure_links) and reported next to the target.
 // Thread safety: schedule() is locked; one shaper is shared by the shards of a node.
+// Time: read from `now` (steady_clock by default; tests inject their own, so
+// the shaper's arithmetic is tested without a wall clock).
 #pragma once
 
 #include "topologies/profile.hpp"
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -25,7 +28,9 @@ namespace cellshard::actors {
 class link_shaper {
 public:
   using clock_type = std::chrono::steady_clock;
-  explicit link_shaper(topologies::link_spec spec = {}) : spec_(spec) {}
+  using now_function = std::function<clock_type::time_point()>;
+  explicit link_shaper(topologies::link_spec spec = {}, now_function now = &clock_type::now)
+      : spec_(spec), now_(std::move(now)) {}
 
   const topologies::link_spec& spec() const { return spec_; }
   bool shaped() const { return spec_.bandwidth_bps > 0 || spec_.latency_us > 0; }
@@ -38,6 +43,7 @@ public:
 
 private:
   topologies::link_spec spec_;
+  now_function now_;
   std::mutex mu_;
   std::map<int32_t, clock_type::time_point> busy_until_;  // per destination node
   std::chrono::milliseconds extra_{0};

@@ -42,7 +42,7 @@ std::vector<int> reference_ids(const synth_model& m, const model::generation_par
 
 }  // namespace
 
-TEST_CASE("shards computing a long prefill are never restarted; a silent node still is",
+TEST_CASE("shards computing a long prefill are never restarted, but a silent node still is",
           "[resilience][busy]") {
   const auto m = busy_model();
   model::generation_params gp;

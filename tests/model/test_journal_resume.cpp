@@ -24,7 +24,7 @@ std::string join(const std::vector<std::string>& lines, size_t n) {
 }
 }  // namespace
 
-TEST_CASE("run --resume: an intact journal resumes to the same ids; tampered ones are refused by line",
+TEST_CASE("run --resume: an intact journal resumes to the same ids, and tampered ones are refused by line",
           "[journal][cli]") {
   if (!test::have_shared()) return;
   const std::string dir = test::temp_dir("journal-resume");

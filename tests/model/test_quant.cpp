@@ -344,7 +344,7 @@ TEST_CASE("q8_0 teacher-forced on a fixture: argmax agrees with f32 at >= 95% of
   }
 }
 
-TEST_CASE("cellshard quantize, then run -m x.q8", "[quant][cli]") {
+TEST_CASE("cellshard quantize, then run -m x.q8", "[quant][cli][processes]") {
   const auto mpath = test::shared_file("models/stories260K.bin");
   if (mpath.empty()) return;
   const auto tok = test::shared_file("models/tok512.bin");

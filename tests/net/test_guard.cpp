@@ -137,7 +137,7 @@ TEST_CASE("a front end whose cluster file points at a hostile listener exits wit
                         Catch::Contains("not a cellshard guard ack"));
 }
 
-TEST_CASE("a plain daemon binds loopback only; --insecure allows another address", "[net][guard]") {
+TEST_CASE("a plain daemon binds loopback only, and --insecure allows another address", "[net][guard]") {
   if (!test::have_shared()) return;
   const std::string dir = test::temp_dir("net-guard-bind");
   auto r = test::run_command({test::cellshard_bin(), "node", "--listen", "0.0.0.0:0", "--models",

@@ -83,7 +83,7 @@ TEST_CASE("memory is bounded with a clear error", "[replay]") {
         "log: full: 2 entries held, limit 2; the receiver has acknowledged only up to position 0");
 }
 
-TEST_CASE("one log per receiver and stream; reset", "[replay]") {
+TEST_CASE("one log per receiver and stream: reset and erase", "[replay]") {
   replay_logs<floats> logs(replay_limits{8, 1 << 20});
   REQUIRE(logs.log(1, 0).append(0, floats(4)));
   REQUIRE(logs.log(2, 0).append(7, floats(4)));

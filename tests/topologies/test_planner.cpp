@@ -310,7 +310,7 @@ TEST_CASE("check 6, cost: power, energy per token, cost per million tokens", "[p
   CHECK(p.cost_per_million_tokens_usd == Approx(usd_h / (p.goodput_tokens_per_s * 3600) * 1e6));
 }
 
-TEST_CASE("Kimi K3 on 100,000 PS3s: expert parallel fits; an 8x H200 server needs two", "[planner][kimi]") {
+TEST_CASE("Kimi K3 on 100,000 PS3s: expert parallel fits, and an 8x H200 server needs two", "[planner][kimi]") {
   const plan_result p = run(request("kimi-k3", "ps3", 100000, "expert"));
   CHECK(p.memory_fit);
   CHECK(p.memory_per_node_bytes <= 256.0 * 1048576);
