@@ -1,4 +1,4 @@
-#include "tools/local_daemons.hpp"
+#include "actors/local_daemons.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <unistd.h>
 
-namespace cellshard::tools {
+namespace cellshard::actors {
 
 namespace {
 
@@ -368,4 +368,4 @@ std::string local_daemons::log(int i, size_t max_bytes) const {
   return tail_of(procs_[static_cast<size_t>(i)].err_path, max_bytes);
 }
 
-}  // namespace cellshard::tools
+}  // namespace cellshard::actors

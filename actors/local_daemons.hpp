@@ -1,6 +1,7 @@
-// tools/local_daemons.hpp: a set of `cellshard node` child processes on
-// loopback, for the tools that need real processes to kill and freeze
-// (`bench recovery --processes`, `chaos --processes`).
+// actors/local_daemons.hpp: a set of `cellshard node` child processes on
+// loopback: the one daemon launcher of the tools that need real processes to
+// kill and freeze (`bench recovery --processes`, `chaos --processes`) and of
+// the public API (<cellshard/daemons.hpp>).
 //
 // Each daemon is this binary (/proc/self/exe, or local_daemon_options::binary)
 // started as
@@ -40,7 +41,7 @@
 #include <sys/types.h>
 #include <vector>
 
-namespace cellshard::tools {
+namespace cellshard::actors {
 
 struct local_daemon_options {
   std::string binary;                  // "" = /proc/self/exe
@@ -69,7 +70,7 @@ public:
   int size() const { return static_cast<int>(procs_.size()); }
   int spares() const { return spares_; }
   /// The daemons as cluster entries, node i = daemon i, the last spares() with spare = true.
-  std::vector<actors::remote_node> entries() const;
+  std::vector<remote_node> entries() const;
   /// Writes {"nodes": [...]} (CLI.md --cluster) to `path`.
   result<void> write_cluster_file(const std::string& path) const;
 
@@ -127,4 +128,4 @@ private:
   mutable std::mutex mu_;  // pid/dead/stopped of procs_ (signal() may run on other threads)
 };
 
-}  // namespace cellshard::tools
+}  // namespace cellshard::actors

@@ -15,6 +15,7 @@
 #include "actors/cluster.hpp"
 #include "actors/messages.hpp"
 #include "actors/remote.hpp"
+#include "actors/local_daemons.hpp"
 #include "tools/bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
@@ -87,58 +88,6 @@ int run_quiet(const std::vector<std::string>& args, double timeout_s) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/// A `cellshard node` child: started, its port read, SIGKILLed on destruction.
-class daemon_child {
-public:
-  daemon_child(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {self_exe(), "node", "--listen", "127.0.0.1:0", "-q"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    int out[2];
-    if (::pipe(out) != 0) throw cli_error("bench net: pipe failed");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], 1);
-      ::close(out[0]);
-      ::execv(argv[0], argv.data());
-      _exit(127);
-    }
-    ::close(out[1]);
-    fd_ = out[0];
-    std::string line;
-    const auto until = clk::now() + std::chrono::seconds(20);
-    while (line.find('\n') == std::string::npos && clk::now() < until) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 200) <= 0) continue;
-      char buf[256];
-      const ssize_t k = ::read(fd_, buf, sizeof buf);
-      if (k <= 0) break;
-      line.append(buf, static_cast<size_t>(k));
-    }
-    const auto colon = line.rfind(':');
-    if (line.rfind("listening ", 0) != 0 || colon == std::string::npos)
-      throw cli_error("bench net: a node daemon did not start (" + line + ")");
-    port_ = static_cast<uint16_t>(std::stoi(line.substr(colon + 1)));
-  }
-  ~daemon_child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      int st = 0;
-      ::waitpid(pid_, &st, 0);
-    }
-    if (fd_ >= 0) ::close(fd_);
-  }
-  daemon_child(const daemon_child&) = delete;
-  daemon_child& operator=(const daemon_child&) = delete;
-  uint16_t port() const { return port_; }
-
-private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  uint16_t port_ = 0;
-};
 
 /// Median round trip of `n` 64-byte ping-pongs over a loopback TCP connection
 /// to an echo thread, in microseconds.
@@ -328,19 +277,25 @@ int run_net_bench(const net_bench_options& o, std::vector<bench_row>& rows) {
   for (bool tls : {false, true}) {
     if (tls && !tls_ok) continue;
     const std::string tls_name = tls ? "on" : "off";
-    std::vector<std::string> extra = {"--models", models_dir};
+    // The daemons: the project's one launcher (parent-death kill, no
+    // inherited descriptors, SIGKILLed and reaped at the end of this scope).
+    actors::local_daemon_options lo;
+    lo.binary = self_exe();
+    lo.models_dir = models_dir;
+    lo.extra_args = {"-q"};
     actors::remote_options ro;
     if (tls) {
-      extra.insert(extra.end(), {"--tls-cert", pki + "/node.pem", "--tls-key", pki + "/node.key", "--tls-ca",
-                                 pki + "/ca.pem"});
+      lo.extra_args.insert(lo.extra_args.end(), {"--tls-cert", pki + "/node.pem", "--tls-key", pki + "/node.key",
+                                                 "--tls-ca", pki + "/ca.pem"});
       ro.net.tls = {pki + "/front.pem", pki + "/front.key", pki + "/ca.pem"};
     }
-    std::vector<std::unique_ptr<daemon_child>> daemons;
-    for (int i = 0; i < max_nodes; ++i) daemons.push_back(std::make_unique<daemon_child>(extra));
+    auto started = actors::local_daemons::start(max_nodes, 0, lo);
+    if (!started) throw cli_error("bench net: " + started.message());
+    auto& daemons = **started;
 
     // One hop: a request/response round trip to a daemon, halved.
     {
-      std::vector<actors::remote_node> one = {{"127.0.0.1", daemons[0]->port(), "", 0, false}};
+      std::vector<actors::remote_node> one = {{"127.0.0.1", daemons.port(0), "", 0, false}};
       auto host = std::make_shared<actors::remote_host>(one, ro);
       caf::actor_system_config cfg;
       actors::register_messages(cfg);
@@ -361,7 +316,7 @@ int run_net_bench(const net_bench_options& o, std::vector<bench_row>& rows) {
     // Per-token latency over N processes.
     for (int n : o.nodes) {
       std::vector<actors::remote_node> entries;
-      for (int i = 0; i < n; ++i) entries.push_back({"127.0.0.1", daemons[i]->port(), "", 0, false});
+      for (int i = 0; i < n; ++i) entries.push_back({"127.0.0.1", daemons.port(i), "", 0, false});
       auto rr = run_cluster(lm, std::make_shared<actors::remote_host>(entries, ro), n, o.steps, o.reps,
                             o.caf_threads);
       const auto& lr = local[n];

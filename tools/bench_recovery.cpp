@@ -12,7 +12,7 @@
 #include "supervision/fault_plan.hpp"
 #include "tools/bench.hpp"
 #include "tools/common.hpp"
-#include "tools/local_daemons.hpp"
+#include "actors/local_daemons.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +30,10 @@
 #include <unistd.h>
 
 namespace cellshard::tools {
+
+using actors::daemon_models_dir;
+using actors::local_daemon_options;
+using actors::local_daemons;
 
 namespace {
 

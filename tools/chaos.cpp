@@ -9,7 +9,7 @@
 //   --cluster FILE         node daemons that run already; the plans' faults are
 //                          injected inside the daemons (fault plans over daemons);
 //   --processes N --spares K
-//                          N + K node daemons started here (tools/local_daemons);
+//                          N + K node daemons started here (actors/local_daemons);
 //                          the plans may also hold external faults:
 //                            kill:node=I:step=K       SIGKILL of the daemon hosting
 //                                                     placement index I when the K-th
@@ -25,7 +25,8 @@
 #include "supervision/fault_plan.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
-#include "tools/local_daemons.hpp"
+#include "actors/local_daemons.hpp"
+#include "base/percentile.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,10 @@
 #include <thread>
 
 namespace cellshard::tools {
+
+using actors::daemon_models_dir;
+using actors::local_daemon_options;
+using actors::local_daemons;
 
 namespace {
 
@@ -65,11 +70,6 @@ struct chaos_opts {
   std::string daemon_logs;           // --daemon-logs DIR (processes)
 };
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(std::round(q * (v.size() - 1)))];
-}
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -16,6 +16,7 @@
 #include "topologies/profile.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "base/percentile.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -156,13 +157,6 @@ private:
   bool failed_ = false;
 };
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double idx = q * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(idx)), hi = static_cast<size_t>(std::ceil(idx));
-  return v[lo] + (v[hi] - v[lo]) * (idx - lo);
-}
 
 /// `cellshard run` without -m: the demo a newcomer sees first. 8 in-process
 /// nodes with the ps3 profile in a pipeline (stories260K: 5 stages + 3

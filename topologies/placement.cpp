@@ -1,5 +1,6 @@
 // topologies/placement.cpp: place(), the memory model and the placement table.
 #include "topologies/placement.hpp"
+#include "base/parse.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -14,14 +15,9 @@ std::string plural(int n, const char* one, const char* many) {
 }
 
 bool parse_int(std::string_view s, int& out) {
-  if (s.empty() || s.size() > 9) return false;
-  int v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');
-  }
-  out = v;
-  return true;
+  auto v = parse_uint<int>(s);
+  if (v) out = *v;
+  return v.has_value();
 }
 
 result<void> check_config(const model::config& c) {

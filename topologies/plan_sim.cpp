@@ -1,5 +1,6 @@
 // topologies/plan_sim.cpp: the discrete-event simulation of a plan.
 #include "topologies/plan_sim.hpp"
+#include "base/percentile.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -39,12 +40,6 @@ struct sequence {
   bool active = false;
 };
 
-double percentile(std::vector<float>& v, double q) {
-  if (v.empty()) return 0;
-  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
-  return v[k];
-}
 
 }  // namespace
 

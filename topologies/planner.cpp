@@ -4,6 +4,7 @@
 #include "topologies/planner.hpp"
 
 #include "topologies/split.hpp"
+#include "base/parse.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -26,15 +27,11 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// A count N >= 1 (0 is refused: every caller wants at least one).
 bool parse_int(std::string_view s, int& out) {
-  if (s.empty() || s.size() > 9) return false;
-  int v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');
-  }
-  out = v;
-  return v > 0;
+  auto v = parse_uint<int>(s);
+  if (v) out = *v;
+  return v && *v > 0;
 }
 
 int ceil_div(int a, int b) { return b <= 0 ? 0 : (a + b - 1) / b; }

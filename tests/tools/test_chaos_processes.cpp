@@ -1,5 +1,5 @@
 // The tools over node daemon processes they start themselves
-// (tools/local_daemons): `cellshard chaos --processes` with SIGKILL and
+// (actors/local_daemons): `cellshard chaos --processes` with SIGKILL and
 // SIGSTOP among its faults, and `cellshard bench recovery --processes`.
 // Checked: no run diverged or hung, the JSON of CLI.md has every key, the
 // benchmark's rows and timeline files exist, and no daemon is left running
