@@ -1,0 +1,43 @@
+# Every installed header compiles alone (a translation unit holding only
+# `#include <cellshard/NAME.hpp>`) with only PREFIX/include added to the
+# include path, without a warning, and its include closure (the compiler's
+# -M list) holds no CAF header.
+file(GLOB headers ${PREFIX}/include/cellshard/*.hpp)
+if(NOT headers)
+  message(FATAL_ERROR "no header under ${PREFIX}/include/cellshard")
+endif()
+set(work ${PREFIX}/../headers)
+file(REMOVE_RECURSE ${work})
+file(MAKE_DIRECTORY ${work})
+foreach(h IN LISTS headers)
+  get_filename_component(name ${h} NAME)
+  set(tu ${work}/${name}.cpp)
+  file(WRITE ${tu} "#include <cellshard/${name}>\n")
+  execute_process(COMMAND ${CXX} -std=c++17 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I${PREFIX}/include ${tu}
+    RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(SEND_ERROR "<cellshard/${name}> does not compile alone with -I${PREFIX}/include:\n${err}")
+    continue()
+  endif()
+  execute_process(COMMAND ${CXX} -std=c++17 -M -I${PREFIX}/include ${tu}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE deps ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(SEND_ERROR "<cellshard/${name}>: ${CXX} -M failed:\n${err}")
+    continue()
+  endif()
+  string(REGEX MATCHALL "[^ \\\n]*/caf/[^ \\\n]*" caf "${deps}")
+  if(caf)
+    message(SEND_ERROR "<cellshard/${name}> reaches CAF headers: ${caf}")
+    continue()
+  endif()
+  string(REGEX MATCHALL "[^ \\\n]*/cellshard/[^ \\\n]*" ours "${deps}")
+  foreach(o IN LISTS ours)
+    if(NOT o MATCHES "^${PREFIX}/include/cellshard/")
+      message(SEND_ERROR "<cellshard/${name}> includes ${o}, outside the installed prefix")
+    endif()
+  endforeach()
+  string(REGEX MATCHALL "[^ \\\n:]+" all "${deps}")
+  list(LENGTH all n)
+  math(EXPR n "${n} - 2")  # the object and the translation unit
+  message(STATUS "<cellshard/${name}>: compiles alone; ${n} headers in its closure, none of CAF")
+endforeach()
