@@ -8,6 +8,7 @@
 #     name that ctest split (a ';') or that Catch2 reads as a pattern would
 #     otherwise pass with "No test cases matched".
 # Inputs (-D): CTEST, BINARY_DIR, EXES.
+cmake_minimum_required(VERSION 3.19)  # string(JSON), IN_LIST
 execute_process(COMMAND ${CTEST} --show-only=json-v1 WORKING_DIRECTORY ${BINARY_DIR}
   OUTPUT_VARIABLE json RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -15,8 +16,8 @@ if(NOT rc EQUAL 0)
 endif()
 file(STRINGS ${EXES} exes)
 set(failures 0)
-macro(fail)
-  message(SEND_ERROR ${ARGN})
+macro(fail text)
+  message(SEND_ERROR "${text}")
   math(EXPR failures "${failures} + 1")
 endmacro()
 
@@ -46,7 +47,8 @@ foreach(i RANGE ${last})
   list(FILTER kinds INCLUDE REGEX "^(unit|inproc|processes|slow)$")
   list(LENGTH kinds nkinds)
   if(NOT nkinds EQUAL 1)
-    fail("test \"${name}\": labels [${labels}], expected exactly one of unit, inproc, processes, slow")
+    string(REPLACE ";" "," shown "${labels}")
+    fail("test \"${name}\": labels [${shown}], expected exactly one of unit, inproc, processes, slow")
   endif()
   # 3. a Catch2 test selects exactly its own case
   string(JSON ncmd ERROR_VARIABLE nocmd LENGTH "${json}" tests ${i} command)
