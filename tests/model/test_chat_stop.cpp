@@ -31,7 +31,7 @@ TEST_CASE("chat formats lay out system and user turns", "[chat]") {
   CHECK(p->text == "[INST] A [/INST] B </s><s>[INST] C [/INST]");
 }
 
-TEST_CASE("chat templates are recognised by their markers; bad inputs named", "[chat]") {
+TEST_CASE("chat templates are recognised by their markers, bad inputs named", "[chat]") {
   CHECK(model::chat::detect("{{ '<|start_header_id|>' + message['role'] }}") == format::llama3);
   CHECK(model::chat::detect("{{'<|im_start|>' + message['role'] + '\\n'}}") == format::chatml);
   CHECK(model::chat::detect("{{ bos_token + '[INST] ' + content + ' [/INST]' }}") == format::llama2);
@@ -71,7 +71,7 @@ std::shared_ptr<const model::tokenizer> small_spm() {
 }
 }  // namespace
 
-TEST_CASE("stop rule: GGUF stops on EOS and end-of-turn, llama2.c on BOS; --ignore-eos runs every step",
+TEST_CASE("stop rule: GGUF stops on EOS and end-of-turn, llama2.c on BOS, --ignore-eos runs every step",
           "[generate][stop]") {
   auto gg = small_spm();
   CHECK(gg->stop_ids() == std::vector<int>{2, 5});  // EOS, and <|im_end|> by name

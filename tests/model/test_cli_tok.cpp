@@ -84,7 +84,7 @@ TEST_CASE("cellshard tokenize: bad inputs", "[cli][tokenize][errors]") {
   CHECK_THAT(r.err, Catch::Contains("/nonexistent"));
 }
 
-TEST_CASE("cellshard inspect: .bin, CSQ8 and vocabulary-only GGUF; digest and memory fit", "[cli][inspect]") {
+TEST_CASE("cellshard inspect: .bin, CSQ8 and vocabulary-only GGUF, digest and memory fit", "[cli][inspect]") {
   if (!test::have_shared()) return;
   const auto bin = test::cellshard_bin();
   const std::string dir = test::temp_dir("inspect");
@@ -137,7 +137,7 @@ TEST_CASE("cellshard inspect: .bin, CSQ8 and vocabulary-only GGUF; digest and me
   CHECK_THAT(r.err, Catch::Contains("/nonexistent.bin"));
 }
 
-TEST_CASE("run --logits-out: one row per position, greedy ids are the rows' argmax; same on a pipeline",
+TEST_CASE("run --logits-out: one row per position, greedy ids are the rows' argmax, same on a pipeline",
           "[cli][logits]") {
   if (!test::have_shared()) return;
   const auto bin = test::cellshard_bin();
@@ -175,7 +175,7 @@ TEST_CASE("run --logits-out: one row per position, greedy ids are the rows' argm
   CHECK_THAT(r.err, Catch::Contains("/nonexistent/dir/x.f32: cannot write"));
 }
 
-TEST_CASE("run --chat: messages joined for a model without a template; --chat-format checked", "[cli][chat]") {
+TEST_CASE("run --chat: messages joined for a model without a template, --chat-format checked", "[cli][chat]") {
   if (!test::have_shared()) return;
   const auto bin = test::cellshard_bin();
   const std::string dir = test::temp_dir("chat");
@@ -201,7 +201,7 @@ TEST_CASE("run --chat: messages joined for a model without a template; --chat-fo
   CHECK_THAT(r.err, Catch::Contains("need --chat"));
 }
 
-TEST_CASE("run stops when a llama2.c model samples BOS; --ignore-eos runs exactly -n positions, on a cluster too",
+TEST_CASE("run stops when a llama2.c model samples BOS, --ignore-eos runs exactly -n positions, on a cluster too",
           "[cli][stop]") {
   if (!test::have_shared()) return;
   const auto bin = test::cellshard_bin();
