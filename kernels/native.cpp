@@ -13,6 +13,9 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CS_X86 1
@@ -20,7 +23,9 @@
 // GCC 12's AVX-512 headers build some results from _mm256_undefined_*() and
 // then warn about them at every inlined use (a known false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define CS_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define CS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #endif
@@ -578,7 +583,10 @@ void attention_heads(int h0, int h1, dot_fn dot, axpy_fn axpy, float* out, const
 isa detect() {
 #if CS_X86
   __builtin_cpu_init();
-  const bool f16c = __builtin_cpu_supports("f16c");
+  // F16C is CPUID leaf 1, ECX bit 29 (Intel SDM vol. 2A, CPUID); asked through
+  // cpuid.h because clang 14's __builtin_cpu_supports does not know "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
