@@ -347,7 +347,10 @@ TEST_CASE("memory: q8_0 sizes are ggml blocks", "[placement]") {
   CHECK(weight_format::f32().row_bytes(10) == 40);
   CHECK(weight_format::q8_0().row_bytes(33) == 68);
   CHECK(find_weight_format("q8_0")->block == 32);
-  CHECK_FALSE(find_weight_format("q4_0"));
+  // q4_0 (ggml block_q4_0): 32 weights in 18 bytes (an f16 scale + 16 bytes of nibbles).
+  REQUIRE(find_weight_format("q4_0"));
+  CHECK(find_weight_format("q4_0")->row_bytes(33) == 36);
+  CHECK_FALSE(find_weight_format("q5_1"));
 }
 
 TEST_CASE("memory: context and sessions scale the KV cache", "[placement]") {
