@@ -89,8 +89,15 @@ TEST_CASE("each fault kind, injected once, is recovered with fixture-identical i
       REQUIRE(faults.size() == 1u);
       CHECK(faults.front().kind == spec.substr(0, spec.find(':')));
       if (spec.rfind("drop", 0) == 0 || spec.rfind("corrupt", 0) == 0) CHECK(r->retries >= 1);
-      if (spec.rfind("crash", 0) == 0 || spec.rfind("silence", 0) == 0 || spec.rfind("partition", 0) == 0)
+      if (spec.rfind("crash", 0) == 0 || spec.rfind("silence", 0) == 0)
         CHECK(r->recoveries.size() == 1);
+      // A partition that heals before the suspicion probes conclude costs a
+      // re-send of the step, not a restart (busy-node probes, issue #20); a
+      // longer one is recovered by a restart. Either way it was acted on.
+      if (spec.rfind("partition", 0) == 0) {
+        CHECK(r->recoveries.size() <= 1);
+        CHECK(r->recoveries.size() + static_cast<size_t>(r->retries) >= 1);
+      }
     }
   }
 }

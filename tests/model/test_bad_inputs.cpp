@@ -108,7 +108,7 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
   CHECK(test::read_file(copy) == test::read_file(m));
 }
 
-TEST_CASE("--expect-digest with the file's own digest runs", "[cli][validation]") {
+TEST_CASE("a run given its file's own digest with --expect-digest runs", "[cli][validation]") {
   if (!test::have_shared()) return;
   const std::string m = test::shared_file("models/stories260K.bin");
   auto f = model::model_file::open(m);
