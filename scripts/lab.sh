@@ -107,7 +107,10 @@ up() {
   local json='{"nodes": ['
   for ((i = 0; i < n; i++)); do
     local ns=$PREFIX-$i ip=$SUBNET.$((10 + i))
-    ip netns exec "$ns" "$BIN" node --listen "$ip:$PORT" --profile "$profile" --models "$MODELS" -q \
+    # The lab's namespaces are private to this machine, so its daemons run plain
+    # (--insecure: a plain daemon otherwise binds loopback only); use
+    # `cellshard certs` and --tls-* for links anyone else can reach.
+    ip netns exec "$ns" "$BIN" node --listen "$ip:$PORT" --insecure --profile "$profile" --models "$MODELS" -q \
       > "$LAB/node$i.out" 2> "$LAB/node$i.err" &
     echo $! >> "$LAB/pids"
     if [ "$i" -gt 0 ]; then json+=', '; fi
