@@ -159,7 +159,8 @@ result<std::vector<fault_plan>> parse_fault_json(std::string_view text) {
   json doc;
   try {
     doc = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error and out_of_range (a number too large for a double) alike.
     return make_error(std::string("fault file: invalid JSON: ") + e.what());
   }
   if (!doc.is_object() || !doc.contains("faults"))
