@@ -817,8 +817,13 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           // peers' partial sums is not working: a partial still on its way
           // shows in the peer's due time, a lost one in nothing.
           if (ss.busy && ss.computing && same(ss.id)) working = 1;
-          for (const auto& q : ss.queued)
-            if (same(q.id)) working = 1;
+          // A queued copy of the step progresses only behind a step that is
+          // computing; behind one that waits for a peer's partial sums (the
+          // peer dropped that step, e.g. a recovery's replay during a
+          // partition) it never starts, and the session must re-send.
+          if (ss.computing)
+            for (const auto& q : ss.queued)
+              if (same(q.id)) working = 1;
         }
         for (const auto& a : st.slowed)
           if (a.id.session == session && a.id.epoch == epoch && a.id.pos0 == pos0) working = 1;

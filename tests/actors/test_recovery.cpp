@@ -236,13 +236,12 @@ TEST_CASE("two shards of one tensor group failing at the same step: one recovery
   }
 }
 
-// KNOWN REGRESSION (session 3): since the busy-node step probes (6ce086b) this
-// case hangs until generate()'s 60 s deadline on every run (a partitioned rank
-// plus a crashed rank of one tensor group at the same step). It is labelled
-// `slow` so CI runs without it until it is fixed; run it with
-// `ctest -L slow -R "short partition"`. The closing note of session 3 says so.
+// Also the regression of the busy-node step probes: the surviving rank had
+// queued the re-sent step behind the replay, which waited forever for the
+// partitioned rank's partial sums; the probe took the queued copy for work in
+// progress and extended the deadline until generate() gave up.
 TEST_CASE("a short partition of one rank while another rank's crash is recovered: fixture ids",
-          "[recovery][tensor][slow]") {
+          "[recovery][tensor]") {
   if (!test::have_shared()) return;
   // Found by chaos (seed 11): the partitioned rank drops the recovery's
   // replay; the re-send after the deadline must redo the replay, not only the
