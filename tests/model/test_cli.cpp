@@ -221,10 +221,12 @@ TEST_CASE("cellshard run -m model.gguf: fixtures, --ctx, clamping, pipeline, qua
                           Catch::Contains("--ctx"));
     CHECK(test::read_ids(dir + "/128.ids").size() == 128);
   }
-  SECTION("a GGUF model without -z says what it needs") {
-    auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "-n", "8"});
-    CHECK(r.status != 0);
-    CHECK_THAT(r.err, Catch::Contains("stories260K.gguf: a GGUF model needs its tokenizer given with -z"));
+  SECTION("without -z the GGUF's own tokenizer encodes the prompt as run.c with tok512") {
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "--ctx", "512", "-t", "0", "-n", "100",
+                                "-i", "Lily and Tom went to the park with their dog", "--expect-ids",
+                                test::shared_file("fixtures/greedy_prompt_lily_tom_n100.ids"), "-q"});
+    INFO(r.err);
+    CHECK(r.status == 0);
   }
   SECTION("--matmul takes exact or ggml") {
     auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "-z", tok, "--matmul", "fast"});
