@@ -219,7 +219,7 @@ TEST_CASE("cellshard run -m model.gguf: fixtures, --ctx, clamping, pipeline, qua
     CHECK(r.status == 0);
     CHECK_THAT(r.err, Catch::Contains("warning: -n 200 is above the context length 128; clamped to 128") &&
                           Catch::Contains("--ctx"));
-    CHECK(test::read_ids(dir + "/128.ids").size() == 128);
+    CHECK(test::read_ids(dir + "/128.ids").size() == 129);  // BOS + 128 positions
   }
   SECTION("without -z the GGUF's own tokenizer encodes the prompt as run.c with tok512") {
     auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "--ctx", "512", "-t", "0", "-n", "100",
@@ -244,7 +244,7 @@ TEST_CASE("cellshard run -m model.gguf: fixtures, --ctx, clamping, pipeline, qua
                                 "--ids-out", dir + "/q4.ids", "-q"});
     INFO(r.err);
     CHECK(r.status == 0);
-    CHECK(test::read_ids(dir + "/q4.ids").size() == 20);
+    CHECK(test::read_ids(dir + "/q4.ids").size() == 21);  // BOS + 20 positions
     auto same = test::run_command({test::cellshard_bin(), "quantize", out, out});
     CHECK(same.status != 0);
     CHECK_THAT(same.err, Catch::Contains("is the input file"));

@@ -320,7 +320,7 @@ TEST_CASE("gguf model: a byte-swapped file loads (big-endian host path)", "[gguf
         logits_of(open_model("models/gguf/stories260K-q8_0.gguf"), ids, kernels::matmul_mode::ggml));
 }
 
-TEST_CASE("gguf quantize: q8_0 matches llama.cpp's quantizer; q4_0 runs close to f32",
+TEST_CASE("gguf quantize: q8_0 matches llama.cpp's quantizer, q4_0 runs close to f32",
           "[gguf][model][quantize]") {
   if (test::shared_file("models/gguf/llama2-small-q8_0.gguf").empty()) return;
   auto f32 = open_model("models/gguf/llama2-small-f32.gguf");
