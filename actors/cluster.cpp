@@ -54,7 +54,7 @@ public:
     return {};
   }
   result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) override {
-    auto w = model::shard_weights::make(file_, req.spec, req.weights);
+    auto w = model::shard_weights::make(file_, req.spec, req.weights, req.matmul);
     if (!w) return w.err();
     shard_init init;
     init.index = req.placed->index;
@@ -183,7 +183,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
     auto ok = model::check_pair(*im->file, *im->tok);
     if (!ok) return ok.err();
   } else {
-    auto b = model::load_bundle(opts.model, opts.tokenizer);
+    model::load_options lo;
+    lo.ctx = opts.ctx;
+    auto b = model::load_bundle(opts.model, opts.tokenizer, lo);
     if (!b) return b.err();
     im->file = b->file;
     im->tok = b->tok;
@@ -221,6 +223,18 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto wf = topologies::find_weight_format(weights);
   if (!wf) return wf.err();
   po.weights = *wf;
+  if (im->file->has_non_f32()) {
+    // A GGUF model keeps each matrix in its file type: account its real bytes.
+    const model::typed_layer_view t = im->file->typed_layer(0);
+    const model::tensor_view views[] = {t.wq, t.wk, t.wv, t.wo, t.w1, t.w2, t.w3,
+                                        im->file->typed_embedding(), im->file->typed_classifier()};
+    po.weights.name = "gguf";
+    po.weights.kinds.clear();
+    for (const auto& v : views)
+      po.weights.kinds.push_back({static_cast<double>(kernels::block_bytes(v.type)) /
+                                      kernels::block_elems(v.type),
+                                  kernels::block_elems(v.type)});
+  }
   auto plan = topologies::place(mc, im->host->nodes(), *strat, po);
   if (!plan) return plan.err();
   im->plan = std::move(*plan);
@@ -250,6 +264,12 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   rt->plan = im->plan;
   rt->host = im->host;
   rt->weights = *fmt;
+  if (!opts.matmul.empty()) {
+    auto mm = model::parse_matmul_mode(opts.matmul);
+    if (!mm) return mm.err();
+    rt->matmul = *mm;
+  }
+  rt->ctx = opts.ctx;
   rt->kernels = opts.kernels;
   rt->opts.checkpoint_every = opts.checkpoint_every;
   rt->opts.max_restarts = opts.max_restarts;

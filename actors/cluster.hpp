@@ -53,6 +53,8 @@ struct cluster_options {
   std::string link;                   // per-node link override "BANDWIDTH:LATENCY" ("": the profile's)
   std::string kernels = "native";     // kernel backend
   std::string weights = "f32";        // f32 | q8_0
+  std::string matmul;                 // --matmul exact|ggml ("": the model's default)
+  int ctx = 0;                        // --ctx: context length override (0: the file's)
   int sessions = 1;                   // concurrent sessions the memory check plans for
 
   int caf_threads = 2;   // scheduler.max-threads (CAF defaults to 4 on 2 cores)

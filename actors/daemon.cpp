@@ -42,7 +42,7 @@ struct client_record {
 struct daemon_state {
   daemon_options opts;
   std::shared_ptr<node_state> node;
-  std::map<std::string, cached_file<model::model_file>> models;
+  std::map<int, std::map<std::string, cached_file<model::model_file>>> models;  // by --ctx, then name
   std::map<std::string, cached_file<model::tokenizer>> toks;
   std::map<caf::actor_addr, client_record> clients;  // by owner
   struct shard_record {
@@ -86,9 +86,15 @@ result<std::shared_ptr<const T>> open_cached(daemon_state& st, std::map<std::str
   return *v;
 }
 
-result<std::shared_ptr<const model::model_file>> model_for(daemon_state& st, const std::string& name) {
-  return open_cached<model::model_file>(st, st.models, name, "model",
-                                        [](const std::string& p) { return model::model_file::open(p); });
+// ctx: the context length the front end opened the model with (--ctx, 0 =
+// the file's); each (file, ctx) pair has its own cache entry.
+result<std::shared_ptr<const model::model_file>> model_for(daemon_state& st, const std::string& name,
+                                                           int ctx = 0) {
+  return open_cached<model::model_file>(st, st.models[ctx], name, "model", [ctx](const std::string& p) {
+    model::load_options lo;
+    lo.ctx = ctx;
+    return model::model_file::open(p, lo);
+  });
 }
 
 result<std::shared_ptr<const model::tokenizer>> tokenizer_for(daemon_state& st, const std::string& name) {
@@ -121,7 +127,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
     out.error = "this front end has not joined (node_join first)";
     return out;
   }
-  auto file = model_for(st, cl->second.fp.model_name);
+  auto file = model_for(st, cl->second.fp.model_name, s.ctx);
   if (!file) {
     out.error = file.message();
     return out;
@@ -150,7 +156,16 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   spec.ffn_end = s.ffn_end;
   spec.embedding = s.embedding;
   spec.classifier = s.classifier;
-  auto w = model::shard_weights::make(*file, spec, *fmt);
+  kernels::matmul_mode mm = kernels::matmul_mode::count;
+  if (!s.matmul.empty()) {
+    auto m = model::parse_matmul_mode(s.matmul);
+    if (!m) {
+      out.error = m.message();
+      return out;
+    }
+    mm = *m;
+  }
+  auto w = model::shard_weights::make(*file, spec, *fmt, mm);
   if (!w) {
     out.error = w.message();
     return out;

@@ -35,6 +35,8 @@ struct shard_request {
   const topologies::shard* placed = nullptr;   // the placement's shard
   model::slice_spec spec;                      // the same as a slice of the model
   model::weight_format weights = model::weight_format::f32;
+  kernels::matmul_mode matmul = kernels::matmul_mode::count;  // count: the model's default
+  int ctx = 0;  // context length the model was opened with (0: the file's); daemons reopen with it
   std::string kernels = "native";
   // Runtime hooks of the shard (shard_init): checkpoint interval, fault
   // injection, the node's heartbeat sender, and the coordinator.

@@ -404,6 +404,8 @@ struct shard_spawn {
   int32_t ffn_begin = 0, ffn_end = 0;
   bool embedding = false, classifier = false;
   std::string weights = "f32";   // f32 | q8_0
+  std::string matmul;            // exact | ggml ("": the model's default)
+  int32_t ctx = 0;               // context length override the front end opened the model with
   std::string kernels = "native";
   uint64_t kv_bytes = 0;         // the placement's KV cache and buffer need beyond
   uint64_t buffer_bytes = 0;     // the weights (checked against the node's budget)
@@ -421,7 +423,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
   return f(caf::meta::type_name("shard_spawn"), x.owner, x.index, x.stage, x.rank, x.group_size,
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
-           x.ffn_end, x.embedding, x.classifier, x.weights, x.kernels, x.kv_bytes, x.buffer_bytes,
+           x.ffn_end, x.embedding, x.classifier, x.weights, x.matmul, x.ctx, x.kernels, x.kv_bytes, x.buffer_bytes,
            x.checkpoint_every, x.heartbeat, x.coordinator, x.faults, x.restarted);
 }
 

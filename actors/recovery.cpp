@@ -578,6 +578,8 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           req.spec.embedding = placed.has_embedding;
           req.spec.classifier = placed.has_classifier;
           req.weights = rt->weights;
+          req.matmul = rt->matmul;
+          req.ctx = rt->ctx;
           req.kernels = rt->kernels;
           req.checkpoint_every = rt->opts.checkpoint_every;
           req.restarted = ctx.incarnation > 0;

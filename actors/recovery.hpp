@@ -103,6 +103,8 @@ struct runtime_shared {
   topologies::placement plan;
   std::shared_ptr<shard_host> host;
   model::weight_format weights = model::weight_format::f32;
+  kernels::matmul_mode matmul = kernels::matmul_mode::count;
+  int ctx = 0;
   std::string kernels = "native";
   recovery_options opts;
   std::vector<int> node_of;             // current node of each placement index

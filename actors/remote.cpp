@@ -363,6 +363,8 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.embedding = req.spec.embedding;
   s.classifier = req.spec.classifier;
   s.weights = model::to_string(req.weights);
+  s.matmul = req.matmul == kernels::matmul_mode::count ? "" : kernels::to_string(req.matmul);
+  s.ctx = req.ctx;
   s.kernels = req.kernels;
   s.kv_bytes = p.memory.kv_cache;
   s.buffer_bytes = p.memory.buffers;

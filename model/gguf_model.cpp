@@ -13,6 +13,7 @@
 // adjacent-pair RoPE order run.c uses, so no permutation is applied here.
 #include "model/checkpoint.hpp"
 #include "model/gguf.hpp"
+#include "model/gguf_model.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -222,6 +223,43 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
   emb_ = f32_of(t_emb_);
   wcls_ = f32_of(t_cls_);
   return {};
+}
+
+result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype type) {
+  const gguf::file* g = in.gguf();
+  if (!g) return make_error(in.path() + ": not a GGUF model (GGUF output needs a GGUF input)");
+  if (g->swapped())
+    return make_error(in.path() + ": quantizing a file of the other byte order is not supported");
+  if (type != kernels::dtype::q8_0 && type != kernels::dtype::q4_0)
+    return make_error(std::string("quantize: type ") + kernels::to_string(type) +
+                      " cannot be written, expected q8_0 or q4_0");
+  gguf::writer w;
+  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
+  // llama.cpp's llama_ftype: MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7.
+  w.set_u32("general.file_type", type == kernels::dtype::q8_0 ? 7 : 2);
+  w.set_u32("general.quantization_version", 2);
+  std::vector<float> row;
+  for (const auto& t : g->tensors()) {
+    kernels::dtype src;
+    const bool matrix = t.ne.size() == 2 && t.ne[0] % 32 == 0 &&
+                        t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
+                        kernels::dtype_from_ggml(t.type, &src);
+    if (!matrix) {
+      w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+      continue;
+    }
+    const int cols = static_cast<int>(t.ne[0]);
+    const uint64_t rows = t.rows();
+    const size_t in_row = kernels::row_bytes(src, cols), out_row = kernels::row_bytes(type, cols);
+    std::vector<uint8_t> out(out_row * rows);
+    row.resize(cols);
+    for (uint64_t r = 0; r < rows; ++r) {
+      kernels::dequantize_row(src, t.data + r * in_row, row.data(), cols);
+      kernels::quantize_row(type, row.data(), out.data() + r * out_row, cols);
+    }
+    w.add_tensor(t.name, t.ne, kernels::ggml_type_of(type), std::move(out));
+  }
+  return w.bytes(g->version() == 2 ? 2 : 3, false, g->alignment());
 }
 
 }  // namespace cellshard::model

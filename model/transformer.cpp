@@ -18,6 +18,12 @@ result<weight_format> parse_weight_format(const std::string& s) {
   return make_error("--weights: unknown format '" + s + "', expected f32, q8_0 or q4_0");
 }
 
+result<kernels::matmul_mode> parse_matmul_mode(const std::string& s) {
+  if (s == "exact") return kernels::matmul_mode::exact;
+  if (s == "ggml") return kernels::matmul_mode::ggml;
+  return make_error("--matmul: unknown mode '" + s + "', expected exact or ggml");
+}
+
 slice_spec slice_spec::whole(const config& c) {
   slice_spec s;
   s.layer_end = c.n_layers;

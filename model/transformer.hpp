@@ -30,6 +30,8 @@ namespace cellshard::model {
 enum class weight_format { f32, q8_0, q4_0 };
 const char* to_string(weight_format f);
 result<weight_format> parse_weight_format(const std::string& s);
+/// "exact" or "ggml" (the --matmul flag; kernels::matmul_mode).
+result<kernels::matmul_mode> parse_matmul_mode(const std::string& s);
 
 struct slice_spec {
   int layer_begin = 0, layer_end = 0;      // layers [begin, end)

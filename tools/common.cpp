@@ -21,7 +21,7 @@ bool is_file(const std::string& p) {
 }  // namespace
 
 loaded_model load_model(const std::string& model_path, const std::string& tokenizer_path,
-                        bool force_swap) {
+                        bool force_swap, int ctx) {
   loaded_model m;
   std::string mp = model_path, tp = tokenizer_path;
   if (mp.empty()) {
@@ -50,6 +50,7 @@ loaded_model load_model(const std::string& model_path, const std::string& tokeni
   if (!m.file) {
     model::load_options opts;
     opts.force_swap = force_swap;
+    opts.ctx = ctx;
     auto b = model::load_bundle(mp, tp, opts);
     if (!b) throw cli_error(b.message());
     m.file = b->file;

@@ -27,8 +27,9 @@ struct loaded_model {
 /// model's folder; without -m, the default model lookup ($CELLSHARD_MODELS or
 /// ./models, else the built-in synthetic model). Checks that the tokenizer's
 /// vocabulary matches the model's. Throws cli_error.
+/// `ctx` > 0 overrides the model's context length (--ctx).
 loaded_model load_model(const std::string& model_path, const std::string& tokenizer_path,
-                        bool force_swap = false);
+                        bool force_swap = false, int ctx = 0);
 
 /// Writes `text` to `path` ("-" = stdout); throws cli_error naming the file.
 void write_text(const std::string& path, const std::string& text);

@@ -1,6 +1,8 @@
-// `cellshard quantize IN OUT`: write the q8_0 ("CSQ8") form of an f32
-// llama2.c checkpoint (format: model/quant.hpp, docs/formats.md).
+// `cellshard quantize [--type q8_0|q4_0] IN OUT`: a GGUF input gives a GGUF
+// output with its weight matrices in the chosen type; an f32 llama2.c
+// checkpoint gives the q8_0 ("CSQ8") file of model/quant.hpp (docs/formats.md).
 #include "model/checkpoint.hpp"
+#include "model/gguf_model.hpp"
 #include "model/quant.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
@@ -9,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <sys/stat.h>
 
@@ -16,12 +19,16 @@ namespace cellshard::tools {
 
 void add_quantize(CLI::App& app, int& status) {
   struct opts {
-    std::string in, out, json_out;
+    std::string in, out, json_out, type = "q8_0";
   };
   auto o = std::make_shared<opts>();
-  auto* cmd = app.add_subcommand("quantize", "write a q8_0 model file from an f32 llama2.c checkpoint");
-  cmd->add_option("IN", o->in, "f32 llama2.c checkpoint (.bin)")->required();
-  cmd->add_option("OUT", o->out, "q8_0 file to write (run it with -m OUT)")->required();
+  auto* cmd = app.add_subcommand(
+      "quantize", "write a quantized model: GGUF in -> GGUF out (q8_0 or q4_0); llama2.c .bin -> q8_0 CSQ8");
+  cmd->add_option("IN", o->in, "GGUF model, or f32 llama2.c checkpoint (.bin)")->required();
+  cmd->add_option("OUT", o->out, "file to write (run it with -m OUT); must differ from IN")->required();
+  cmd->add_option("--type", o->type, "q8_0|q4_0 (q4_0 needs a GGUF input)")
+      ->check(CLI::IsMember({"q8_0", "q4_0"}))
+      ->capture_default_str();
   cmd->add_option("--json", o->json_out, "summary JSON to FILE (- = stdout)");
   cmd->callback([o, &status] {
     // Writing OUT over IN would destroy the input while it is still being read.
@@ -34,18 +41,31 @@ void add_quantize(CLI::App& app, int& status) {
     const auto t0 = std::chrono::steady_clock::now();
     auto in = model::model_file::open(o->in);
     if (!in) throw cli_error(in.message());
-    auto n = model::quantize_to_file(**in, o->out);
+    result<uint64_t> n = make_error("not written");
+    if ((*in)->gguf()) {
+      auto img = model::quantize_gguf(**in, o->type == "q4_0" ? kernels::dtype::q4_0 : kernels::dtype::q8_0);
+      if (!img) throw cli_error(img.message());
+      std::ofstream f(o->out, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(img->data()), static_cast<std::streamsize>(img->size()));
+      if (!f) throw cli_error(o->out + ": write failed");
+      n = static_cast<uint64_t>(img->size());
+    } else {
+      if (o->type != "q8_0")
+        throw cli_error("quantize: --type " + o->type + " needs a GGUF input; " + o->in +
+                        " is a llama2.c checkpoint (q8_0 only, written as CSQ8)", 2);
+      n = model::quantize_to_file(**in, o->out);
+    }
     if (!n) throw cli_error(n.message());
     // Read it back: the loader's checks (size, header, digest) on the result.
     auto back = model::model_file::open(o->out);
     if (!back) throw cli_error("wrote " + o->out + " but it does not load: " + back.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& c = (*in)->cfg();
-    std::fprintf(stderr, "wrote %s: q8_0, %s, %.2f MiB (f32 file %.2f MiB, %.2fx smaller), %.2f s\n",
-                 o->out.c_str(), c.to_string().c_str(), *n / 1048576.0, (*in)->file_bytes() / 1048576.0,
+    std::fprintf(stderr, "wrote %s: %s, %s, %.2f MiB (input %.2f MiB, %.2fx smaller), %.2f s\n",
+                 o->out.c_str(), o->type.c_str(), c.to_string().c_str(), *n / 1048576.0, (*in)->file_bytes() / 1048576.0,
                  static_cast<double>((*in)->file_bytes()) / static_cast<double>(*n), s);
     if (!o->json_out.empty()) {
-      nlohmann::json j = {{"input", o->in},       {"output", o->out},          {"format", "q8_0"},
+      nlohmann::json j = {{"input", o->in},       {"output", o->out},          {"format", (*in)->gguf() ? "gguf " + o->type : std::string("q8_0")},
                           {"input_bytes", (*in)->file_bytes()}, {"output_bytes", *n},
                           {"digest", model::format_digest((*back)->digest())},    {"seconds", s}};
       write_text(o->json_out, j.dump(2) + "\n");

@@ -40,6 +40,8 @@ namespace {
 
 struct run_opts {
   std::string model, tokenizer, prompt, kernels = "native", weights = "f32";
+  std::string matmul;  // "" = the model's default
+  int ctx = 0;
   int steps = 256;
   float temperature = 1.0f, topp = 0.9f;
   unsigned long long seed = 0;
@@ -333,7 +335,7 @@ int do_run(const run_opts& o) {
     if (::access(dir.c_str(), W_OK) != 0)
       throw cli_error("--journal " + o.journal + ": cannot create it in " + dir + ": " + std::strerror(errno));
   }
-  loaded_model lm = load_model(model_path, tokenizer_path);
+  loaded_model lm = load_model(model_path, tokenizer_path, false, o.ctx);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   if (!o.expect_digest.empty()) {
     const uint64_t want = parse_digest_flag(o.expect_digest, "--expect-digest");
@@ -342,6 +344,16 @@ int do_run(const run_opts& o) {
                       model::format_digest(want) +
                       " (--expect-digest, XXH64 of the whole file): the file is corrupt or another version");
   }
+  kernels::matmul_mode matmul = lm.file->default_matmul();
+  if (!o.matmul.empty()) {
+    auto mm = model::parse_matmul_mode(o.matmul);
+    if (!mm) throw cli_error(mm.message(), 2);
+    matmul = *mm;
+  }
+  if (o.steps > lm.file->cfg().seq_len)
+    std::fprintf(stderr, "warning: -n %d is above the context length %d; clamped to %d%s\n", o.steps,
+                 lm.file->cfg().seq_len, lm.file->cfg().seq_len,
+                 lm.file->gguf() ? " (--ctx N sets another context length)" : "");
   model::generation_params gp;
   gp.prompt = o.prompt;
   gp.steps = o.steps;
@@ -430,7 +442,8 @@ int do_run(const run_opts& o) {
   nlohmann::json suspicions_json = nlohmann::json::array();
   result<model::generation_result> res = make_error("not run");
   if (!o.use_cluster) {
-    auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt);
+    auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt,
+                                        matmul);
     if (!w) throw cli_error(w.message());
     model::engine eng(*w, *be);
     const int kt = o.threads > 0 ? o.threads : kernels::available_cpus();
@@ -464,6 +477,8 @@ int do_run(const run_opts& o) {
     }
     co.kernels = o.kernels;
     co.weights = o.weights;
+    co.matmul = kernels::to_string(matmul);
+    co.ctx = o.ctx;
     co.caf_threads = o.caf_threads;
     co.blas_threads = o.blas_threads;
     co.threads = o.threads > 0 ? o.threads
@@ -683,6 +698,7 @@ int do_run(const run_opts& o) {
     j["model"] = lm.description;
     j["kernels"] = be->name;
     j["weights"] = model::to_string(*fmt);
+    j["matmul"] = kernels::to_string(matmul);
     j["ttft_ms"] = res->ttft_ms;
     j["tpot_ms_p50"] = percentile(res->step_ms, 0.5);
     j["tpot_ms_p99"] = percentile(res->step_ms, 0.99);
@@ -713,7 +729,7 @@ void add_run(CLI::App& app, int& status) {
   auto o = std::make_shared<run_opts>();
   auto* cmd = app.add_subcommand("run", "generate text (llama2.c run semantics)");
   cmd->add_option("-m,--model", o->model,
-                  "model file (llama2.c .bin); without it the default model lookup of CLI.md");
+                  "model file (llama2.c .bin or GGUF, told apart by magic); without it the default model lookup of CLI.md");
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer (default: tokenizer.bin beside the model)");
   cmd->add_option("-i,--prompt", o->prompt, "prompt");
   cmd->add_option("-n,--steps", o->steps, "forward passes, prompt included (0 = seq_len)")
@@ -728,6 +744,15 @@ void add_run(CLI::App& app, int& status) {
                   "SPE workers of the spe backend (default: 6 with the ps3 profiles, else 1)");
   cmd->add_option("--weights", o->weights, "f32|q8_0|q4_0 (q8_0 and q4_0 quantize at load time)")
       ->capture_default_str();
+  cmd->add_option("--matmul", o->matmul,
+                  "exact|ggml: exact dequantizes weights to f32 with f32 activations; ggml rounds "
+                  "activations as llama.cpp (fp16/bf16/q8_0/q8_K per weight type). Default: exact "
+                  "for F32 weights, ggml otherwise")
+      ->check(CLI::IsMember({"exact", "ggml"}));
+  cmd->add_option("--ctx", o->ctx,
+                  "context length (positions) instead of the model's (GGUF context_length; "
+                  "stories260K.gguf says 128, it was trained at 512)")
+      ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
       ->capture_default_str();
   cmd->add_option("--expect-digest", o->expect_digest,

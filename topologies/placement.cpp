@@ -158,6 +158,14 @@ uint64_t weight_format::row_bytes(uint64_t cols) const {
   return static_cast<uint64_t>(std::ceil(static_cast<double>(padded) * bytes_per_weight - 1e-9));
 }
 
+uint64_t weight_format::row_bytes(matrix_kind k, uint64_t cols) const {
+  if (kinds.size() != static_cast<size_t>(kinds_count)) return row_bytes(cols);
+  weight_format one;
+  one.bytes_per_weight = kinds[k].bytes_per_weight;
+  one.block = kinds[k].block;
+  return one.row_bytes(cols);
+}
+
 result<weight_format> find_weight_format(std::string_view name) {
   if (name == "f32") return weight_format::f32();
   if (name == "q8_0") return weight_format::q8_0();
@@ -187,18 +195,22 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
   const weight_format& w = o.weights;
   constexpr uint64_t f32 = sizeof(float);
 
-  const uint64_t per_layer = q_rows * w.row_bytes(d)       // wq [q_rows x dim]
-                             + 2 * kv_rows * w.row_bytes(d)  // wk, wv [kv_rows x dim]
-                             + d * w.row_bytes(q_rows)       // wo [dim x q_rows]
-                             + 2 * f * w.row_bytes(d)        // w1, w3 [f x dim]
-                             + d * w.row_bytes(f)            // w2 [dim x f]
-                             + 2 * d * f32;                  // rms_att, rms_ffn [dim]
-  const uint64_t table = v * w.row_bytes(d);                 // [vocab x dim]
+  using K = weight_format;
+  const uint64_t per_layer = q_rows * w.row_bytes(K::wq, d)     // wq [q_rows x dim]
+                             + kv_rows * w.row_bytes(K::wk, d)  // wk [kv_rows x dim]
+                             + kv_rows * w.row_bytes(K::wv, d)  // wv [kv_rows x dim]
+                             + d * w.row_bytes(K::wo, q_rows)   // wo [dim x q_rows]
+                             + f * w.row_bytes(K::w1, d)        // w1 [f x dim]
+                             + f * w.row_bytes(K::w3, d)        // w3 [f x dim]
+                             + d * w.row_bytes(K::w2, f)        // w2 [dim x f]
+                             + 2 * d * f32;                     // rms_att, rms_ffn [dim]
+  const uint64_t table = v * w.row_bytes(K::embedding, d);      // [vocab x dim]
+  const uint64_t cls_table = v * w.row_bytes(K::classifier, d);
 
   memory_need m;
   m.weights = static_cast<uint64_t>(n_layers) * per_layer;
   if (has_embedding) m.weights += table;
-  if (has_classifier) m.weights += d * f32 + ((cfg.shared_classifier && has_embedding) ? 0 : table);
+  if (has_classifier) m.weights += d * f32 + ((cfg.shared_classifier && has_embedding) ? 0 : cls_table);
   m.kv_cache = sessions * 2 * static_cast<uint64_t>(n_layers) * ctx * kv_rows * f32;
   const uint64_t floats = 3 * d + 2 * d + q_rows + 2 * kv_rows + static_cast<uint64_t>(n_heads) * ctx + 2 * f +
                           (has_classifier ? v : 0);

@@ -97,11 +97,21 @@ struct weight_format {
   int block = 1;
   /// Bytes of one stored row of `cols` weights.
   uint64_t row_bytes(uint64_t cols) const;
-  static weight_format f32() { return {"f32", 4.0, 1}; }
+  /// Models whose matrices have different types (GGUF files): the storage of
+  /// each kind of matrix, indexed by matrix_kind; empty = every matrix as above.
+  enum matrix_kind { wq, wk, wv, wo, w1, w2, w3, embedding, classifier, kinds_count };
+  struct kind_format {
+    double bytes_per_weight = 4.0;
+    int block = 1;
+  };
+  std::vector<kind_format> kinds;
+  /// row_bytes for one kind of matrix (the kind's format when `kinds` is set).
+  uint64_t row_bytes(matrix_kind k, uint64_t cols) const;
+  static weight_format f32() { return {"f32", 4.0, 1, {}}; }
   /// ggml Q8_0: 32 int8 + one f16 scale = 34 bytes per 32 weights (kernels/backend.hpp q8_block).
-  static weight_format q8_0() { return {"q8_0", 34.0 / 32.0, 32}; }
+  static weight_format q8_0() { return {"q8_0", 34.0 / 32.0, 32, {}}; }
   /// ggml Q4_0: 32 x 4 bits + one f16 scale = 18 bytes per 32 weights (kernels/backend.hpp q4_block).
-  static weight_format q4_0() { return {"q4_0", 18.0 / 32.0, 32}; }
+  static weight_format q4_0() { return {"q4_0", 18.0 / 32.0, 32, {}}; }
 };
 /// "f32", "q8_0" or "q4_0" (as `--weights`).
 result<weight_format> find_weight_format(std::string_view name);

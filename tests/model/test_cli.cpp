@@ -195,3 +195,62 @@ TEST_CASE("cellshard synth writes the same bytes for the same seed and they gene
   CHECK(bad.status == 2);
   CHECK_THAT(bad.err, Catch::Contains("dim 50"));
 }
+
+TEST_CASE("cellshard run -m model.gguf: fixtures, --ctx, clamping, pipeline, quantize", "[cli][gguf]") {
+  const std::string gguf = test::shared_file("models/gguf/stories260K.gguf");
+  if (gguf.empty()) return;
+  const std::string tok = test::shared_file("models/tok512.bin");
+  const std::string dir = test::temp_dir("cli_gguf");
+  const std::string want = test::shared_file("fixtures/greedy_bos_n200.ids");
+  SECTION("one node and a pipeline of 3 reproduce the fixture with --ctx 512") {
+    for (std::vector<std::string> extra : {std::vector<std::string>{},
+                                           std::vector<std::string>{"--nodes", "3"}}) {
+      std::vector<std::string> a = {test::cellshard_bin(), "run", "-m", gguf, "-z", tok, "--ctx", "512",
+                                    "-t", "0", "-n", "200", "--expect-ids", want, "-q"};
+      a.insert(a.end(), extra.begin(), extra.end());
+      auto r = test::run_command(a);
+      INFO(r.err);
+      CHECK(r.status == 0);
+    }
+  }
+  SECTION("without --ctx -n is clamped to the file's 128 with a warning") {
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "-z", tok, "-t", "0", "-n", "200",
+                                "--ids-out", dir + "/128.ids", "-q"});
+    CHECK(r.status == 0);
+    CHECK_THAT(r.err, Catch::Contains("warning: -n 200 is above the context length 128; clamped to 128") &&
+                          Catch::Contains("--ctx"));
+    CHECK(test::read_ids(dir + "/128.ids").size() == 129);  // BOS + 128 positions
+  }
+  SECTION("without -z the GGUF's own tokenizer encodes the prompt as run.c with tok512") {
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "--ctx", "512", "-t", "0", "-n", "100",
+                                "-i", "Lily and Tom went to the park with their dog", "--expect-ids",
+                                test::shared_file("fixtures/greedy_prompt_lily_tom_n100.ids"), "-q"});
+    INFO(r.err);
+    CHECK(r.status == 0);
+  }
+  SECTION("--matmul takes exact or ggml") {
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", gguf, "-z", tok, "--matmul", "fast"});
+    CHECK(r.status != 0);
+    CHECK_THAT(r.err, Catch::Contains("--matmul"));
+    auto h = test::run_command({test::cellshard_bin(), "run", "--help"});
+    CHECK_THAT(h.out, Catch::Contains("Default: exact") && Catch::Contains("for F32 weights, ggml otherwise"));
+  }
+  SECTION("quantize --type q4_0 writes a GGUF that runs; IN == OUT is refused") {
+    const std::string out = dir + "/stories-q4_0.gguf";
+    auto q = test::run_command({test::cellshard_bin(), "quantize", "--type", "q4_0", gguf, out});
+    INFO(q.err);
+    REQUIRE(q.status == 0);
+    auto r = test::run_command({test::cellshard_bin(), "run", "-m", out, "-z", tok, "-t", "0", "-n", "20",
+                                "--ids-out", dir + "/q4.ids", "-q"});
+    INFO(r.err);
+    CHECK(r.status == 0);
+    CHECK(test::read_ids(dir + "/q4.ids").size() == 21);  // BOS + 20 positions
+    auto same = test::run_command({test::cellshard_bin(), "quantize", out, out});
+    CHECK(same.status != 0);
+    CHECK_THAT(same.err, Catch::Contains("is the input file"));
+    auto bin = test::run_command({test::cellshard_bin(), "quantize", "--type", "q4_0",
+                                  test::shared_file("models/stories260K.bin"), dir + "/x.q4"});
+    CHECK(bin.status != 0);
+    CHECK_THAT(bin.err, Catch::Contains("needs a GGUF input"));
+  }
+}
