@@ -73,6 +73,16 @@ int do_serve(serve_opts o) {
     auto w = daemons->write_cluster_file(o.cf.cluster);
     if (!w) throw cli_error(w.message());
   }
+  // SIGINT/SIGTERM stop the server: blocked here, before the actor system
+  // and the HTTP workers start their threads (they inherit the mask, and the
+  // daemons above were forked before), and taken by the watcher below.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone during a TLS write
   actors::cluster_options co = make_cluster_options(o.cf, lm, o.max_sessions);
   co.fault_injection = o.allow_fault_injection && !daemons;
   auto c = actors::cluster::start(co);
@@ -92,15 +102,6 @@ int do_serve(serve_opts o) {
     inject = node_fault_action(daemons.get(), &cluster);
   }
 
-  // SIGINT/SIGTERM stop the server; every thread started from here on
-  // (the HTTP workers) inherits the blocked mask, the watcher takes them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a client gone during a TLS write
   int stopped_by = 0;
   {
     serve::server srv(cluster, so, inject);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <unistd.h>
 
 using namespace cellshard;
 using json = nlohmann::json;
@@ -33,11 +34,19 @@ std::vector<std::string> serve_args(const models& m, std::vector<std::string> ex
   return a;
 }
 
+/// curl from PATH (run_command does not search it).
+std::string curl_bin() {
+  for (const char* d : {"/usr/bin/curl", "/usr/local/bin/curl", "/bin/curl"})
+    if (::access(d, X_OK) == 0) return d;
+  FAIL("curl is not installed (scripts/install-deps.sh installs it)");
+  return "";
+}
+
 std::string url(int port, const std::string& path) { return "http://127.0.0.1:" + std::to_string(port) + path; }
 
 /// curl -sS (-N) POST with a JSON body; returns stdout (the -w line appended: "\nHTTP <code>").
 test::command_result curl_post(int port, const std::string& path, const std::string& body, bool stream = false) {
-  std::vector<std::string> a = {"curl", "-sS", "-X", "POST", url(port, path), "-H", "Content-Type: application/json",
+  std::vector<std::string> a = {curl_bin(), "-sS", "-X", "POST", url(port, path), "-H", "Content-Type: application/json",
                                 "--data-binary", body, "-w", "\nHTTP %{http_code}"};
   if (stream) a.insert(a.begin() + 1, "-N");
   return test::run_command(a, 120);
@@ -169,7 +178,7 @@ TEST_CASE("serve: a completion at temperature 0 equals run -t 0 (curl, not strea
   CHECK(j3["choices"][0]["finish_reason"] == "length");
   CHECK(text.rfind(j3["choices"][0]["text"].get<std::string>(), 0) == 0);
   // GET /v1/models names the loaded model.
-  auto models_out = test::run_command({"curl", "-sS", url(srv.port(), "/v1/models")});
+  auto models_out = test::run_command({curl_bin(), "-sS", url(srv.port(), "/v1/models")});
   const auto ml = json::parse(models_out.out);
   CHECK(ml["data"][0]["id"] == "stories260K");
   CHECK(srv.terminate() == 0);
@@ -228,7 +237,7 @@ TEST_CASE("serve: streamed completions over curl: one event per token, consecuti
   CHECK(mt.at("cellshard_sessions_active") == 0);
 }
 
-TEST_CASE("serve --cluster: cancellation frees every daemon's KV cache; a SIGKILL and a SIGSTOP during a stream "
+TEST_CASE("serve --cluster: cancellation frees every daemon's KV cache, and a SIGKILL and a SIGSTOP during a stream "
           "leave its text unchanged",
           "[serve][processes]") {
   if (!test::have_shared()) return;
@@ -248,7 +257,7 @@ TEST_CASE("serve --cluster: cancellation frees every daemon's KV cache; a SIGKIL
   INFO(srv.log());
 
   // Cancellation: the client closes the connection after 5 tokens.
-  const auto before = test::parse_metrics(metrics_of(srv.port()));
+  auto before = test::parse_metrics(metrics_of(srv.port()));
   const json longreq = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0}, {"stream", true}};
   auto cut = stream(srv.port(), longreq, [](int id) { return id < 4; });
   CHECK(!cut.completed);
@@ -292,7 +301,7 @@ TEST_CASE("serve --cluster: cancellation frees every daemon's KV cache; a SIGKIL
   check_events(faulted.events, &tokens);  // no token repeated or lost
   CHECK(tokens == ref_tokens);
   CHECK(test::stream_text(faulted.events) == test::stream_text(ref.events));
-  const auto mt = test::parse_metrics(metrics_of(srv.port()));
+  auto mt = test::parse_metrics(metrics_of(srv.port()));
   CHECK(mt["cellshard_recoveries_total"] >= 2);
   httplib::Client cli("127.0.0.1", srv.port());
   auto h = cli.Get("/health");
@@ -385,7 +394,7 @@ TEST_CASE("serve bad request: a wrong API key is 401", "[serve][processes]") {
   CHECK(cli.Get("/health")->status == 200);  // health needs no key
 }
 
-TEST_CASE("serve bad request: beyond --max-sessions is 429 with Retry-After; the running stream is unaffected",
+TEST_CASE("serve bad request: beyond --max-sessions is 429 with Retry-After, and the running stream is unaffected",
           "[serve][processes]") {
   if (!test::have_shared()) return;
   const auto m = copy_models("serve-bad-429");

@@ -8,7 +8,7 @@
 
 using namespace cellshard::serve;
 
-TEST_CASE("parse_request: a completion with every field", "[serve][unit]") {
+TEST_CASE("serve parse_request: a completion with every field", "[serve][unit]") {
   auto p = parse_request(R"({"model":"stories260K","prompt":"Once","max_tokens":5,"temperature":0.5,
                               "top_p":0.25,"seed":7,"stop":["\n","."],"n":1,"stream":true,
                               "stream_options":{"include_usage":true},"echo":true,"user":"x"})",
@@ -27,7 +27,7 @@ TEST_CASE("parse_request: a completion with every field", "[serve][unit]") {
   CHECK(r.echo);
 }
 
-TEST_CASE("parse_request: chat messages, defaults", "[serve][unit]") {
+TEST_CASE("serve parse_request: chat messages, defaults", "[serve][unit]") {
   auto p = parse_request(R"({"messages":[{"role":"system","content":"Be brief."},
                               {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"!"}]}]})",
                          true);
@@ -41,7 +41,7 @@ TEST_CASE("parse_request: chat messages, defaults", "[serve][unit]") {
   CHECK(!p.request->stream);
 }
 
-TEST_CASE("parse_request: each bad field is a 400 naming it", "[serve][unit]") {
+TEST_CASE("serve parse_request: each bad field is a 400 naming it", "[serve][unit]") {
   struct row {
     const char* body;
     bool chat;
@@ -82,7 +82,7 @@ TEST_CASE("parse_request: each bad field is a 400 naming it", "[serve][unit]") {
   CHECK(!parse_request("[1]", false).request);
 }
 
-TEST_CASE("visible_length: stop strings cut the text and hold back a possible start", "[serve][unit]") {
+TEST_CASE("serve visible_length: stop strings cut the text and hold back a possible start", "[serve][unit]") {
   bool hit = false;
   CHECK(visible_length("abc", {}, &hit) == 3);
   CHECK(!hit);
@@ -98,7 +98,7 @@ TEST_CASE("visible_length: stop strings cut the text and hold back a possible st
   CHECK(hit);
 }
 
-TEST_CASE("histogram: cumulative buckets, sum and count in the Prometheus text format", "[serve][unit]") {
+TEST_CASE("serve histogram: cumulative buckets, sum and count in the Prometheus text format", "[serve][unit]") {
   histogram h({0.1, 1, 10});
   for (double v : {0.05, 0.1, 0.5, 2.0, 20.0}) h.observe(v);
   const std::string t = h.render("cellshard_x_seconds", "help text");
