@@ -356,13 +356,13 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
     g->cv.notify_all();
   };
   auto on_done = [g, self](uint64_t, const actors::session_outcome& o) {
-    {
-      std::lock_guard<std::mutex> lock(g->mu);
-      g->done = true;
-      g->outcome = o;
-      g->cv.notify_all();
-    }
+    // The slot is free before the client can see the end of its answer, so
+    // that a client's next request never finds its own session still counted.
     --self->active;
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->done = true;
+    g->outcome = o;
+    g->cv.notify_all();
   };
   const uint64_t id = cluster.submit(gp, on_token, on_done);
   {

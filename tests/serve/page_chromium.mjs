@@ -34,12 +34,21 @@ function startServe(args) {
   });
 }
 
-const browser = await chromium.launch({
+// A fresh profile folder (playwright passes it as --user-data-dir).
+const browser = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "cellshard-chromium-")), {
   executablePath: exe, headless: true,
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         `--user-data-dir=${mkdtempSync(join(tmpdir(), "cellshard-chromium-"))}`] });
+         "--disable-component-update", "--disable-sync", "--no-first-run"] });
 const servers = [];
+// The answer is complete (the page re-enables Send); on a timeout, say what the page shows.
+async function finished(page) {
+  try {
+    await page.waitForFunction(() => document.getElementById("output").dataset.done === "1", null, { timeout: 90000 });
+  } catch (e) {
+    throw new Error("the answer did not complete: output " + JSON.stringify(await page.textContent("#output")) +
+                    ", " + (await page.textContent("#streaminfo")));
+  }
+}
 try {
   async function chat(page) {
     await page.fill("#prompt", "Tell me a story.");
@@ -47,7 +56,7 @@ try {
     await page.fill("#seed", "11");
     await page.evaluate(() => { delete document.getElementById("output").dataset.done; });
     await page.click("#send");
-    await page.waitForFunction(() => document.getElementById("output").dataset.done === "1", null, { timeout: 60000 });
+    await finished(page);
     return page.textContent("#output");
   }
 
@@ -66,7 +75,7 @@ try {
     lengths.add((await page.textContent("#output")).length);
     await page.waitForTimeout(5);
   }
-  await page.waitForFunction(() => document.getElementById("output").dataset.done === "1", null, { timeout: 60000 });
+  await finished(page);
   const first = await page.textContent("#output");
   assert.ok(first.length > 20, "no streamed text: " + JSON.stringify(first));
   console.log("streamed", first.length, "characters, seen at", lengths.size, "lengths while streaming");
