@@ -1,8 +1,10 @@
 // tools/cluster_flags.hpp: the command-line flags that choose where and how a
 // model runs on the actor runtime (in-process nodes or node daemons, the
-// placement, supervision and faults, kernels and weights), shared by the
-// commands that start a cluster (`run`, `serve`), so that each flag means the
-// same on each of them (docs/CLI.md).
+// placement, supervision and faults, kernels and weights), shared by `serve`
+// and `bench serve`. Each flag means what run's flag of the same name means
+// (docs/CLI.md); `run` still declares its own copy of these flags (with its
+// input validation and its own extra ones: --threads, --step-timeout-*), so a
+// change to one of them is to be made in both places until run uses this.
 //
 // Use: add_cluster_flags() while building the subcommand, then in its
 // callback check_cluster_flags() (combinations), then make_cluster_options()
