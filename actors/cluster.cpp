@@ -276,7 +276,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   rt->opts.restart_period = opts.restart_period;
   rt->opts.detector = opts.detector;
   rt->opts.heartbeat = opts.heartbeat;
-  if (!opts.faults.empty())
+  if (!opts.faults.empty() || opts.fault_injection)
     rt->opts.faults = std::make_shared<supervision::fault_injector>(opts.faults);
   // Starting shards (remote spawns, weight loading) is not a step: at least 30 s.
   auto sup = start_runtime(*im->sys, rt, std::max(opts.step_timeout, std::chrono::milliseconds(30000)));
@@ -385,6 +385,22 @@ result<std::vector<shard_stats>> cluster::stats(std::chrono::milliseconds deadli
   return out;
 }
 
+std::vector<std::optional<shard_stats>> cluster::shard_statistics(std::chrono::milliseconds each) {
+  std::vector<caf::actor> shards;
+  {
+    std::lock_guard<std::mutex> lock(impl_->rt->mu);
+    shards = impl_->rt->actor_of;
+  }
+  std::vector<std::optional<shard_stats>> out(shards.size());
+  caf::scoped_actor self{*impl_->sys};
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (!shards[i]) continue;
+    self->request(shards[i], each, stats_atom::value)
+        .receive([&](shard_stats& st) { out[i] = std::move(st); }, [](caf::error&) {});
+  }
+  return out;
+}
+
 std::vector<uint64_t> cluster::node_memory() const { return impl_->host->node_memory(); }
 
 const topologies::placement& cluster::placement() const { return impl_->plan; }
@@ -453,6 +469,27 @@ result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chron
                         ": no answer within " + std::to_string(deadline.count()) + " ms");
   }
   return out;
+}
+
+result<void> cluster::inject(const supervision::fault_plan& p) {
+  if (!impl_->rt->opts.faults)
+    return make_error("fault injection: the cluster was started without fault_injection");
+  if (p.node >= impl_->plan.shards.size())
+    return make_error("fault injection: placement index " + std::to_string(p.node) + " holds no shard (indices 0.." +
+                      std::to_string(impl_->plan.shards.size() - 1) + ")");
+  if (impl_->opts.host)
+    return make_error("fault injection: the shards run in node daemons, which received their fault plans when "
+                      "they were spawned; signal the daemon process instead");
+  auto ok = supervision::validate(p);
+  if (!ok) return ok.err();
+  impl_->rt->opts.faults->add(p);
+  return {};
+}
+
+std::string cluster::failure() const {
+  std::lock_guard<std::mutex> lock(impl_->rt->mu);
+  return impl_->rt->failed ? (impl_->rt->failure.empty() ? std::string("the runtime failed") : impl_->rt->failure)
+                           : std::string();
 }
 
 std::vector<int> cluster::current_nodes() const {

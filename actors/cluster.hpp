@@ -33,6 +33,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,9 @@ struct cluster_options {
   std::chrono::milliseconds heartbeat{100};
   std::vector<supervision::fault_plan> faults;        // --fault / --faults
   int corrupt_checkpoints_of = -1;                    // test hook (session_spec)
+  /// Creates a fault injector even without `faults`, so that inject() can
+  /// add faults while the cluster runs (serve --allow-fault-injection).
+  bool fault_injection = false;
 
   /// Where the shards live; null = in this process (nodes/spares/profile/memory above).
   std::shared_ptr<shard_host> host;
@@ -113,6 +117,10 @@ public:
                                    const request_options& extra = {});
   /// Statistics of every shard, in placement order (waits at most `deadline`).
   result<std::vector<shard_stats>> stats(std::chrono::milliseconds deadline = std::chrono::seconds(10));
+  /// Statistics of every shard that answers within `each` (asked one after
+  /// the other), in placement order; a shard that does not answer (frozen,
+  /// restarting) is nullopt. For live views that must not stall on one node.
+  std::vector<std::optional<shard_stats>> shard_statistics(std::chrono::milliseconds each);
   /// Bytes in use on each node (weights + KV caches), by node index.
   std::vector<uint64_t> node_memory() const;
 
@@ -131,6 +139,15 @@ public:
     double measured_bps = 0, measured_latency_us = 0;
   };
   result<std::vector<link_measurement>> measure_links(std::chrono::milliseconds deadline = std::chrono::seconds(20));
+
+  /// Adds a fault while the cluster runs: it fires on the next step of
+  /// placement index `p.node` that reaches `p.step` (step 0: its next step).
+  /// Shards in this process only: a shard in a node daemon received its plans
+  /// when it was spawned (an error says so). Needs fault_injection or faults.
+  result<void> inject(const supervision::fault_plan& p);
+  /// Why the runtime can no longer serve ("" while it can): restart intensity
+  /// exhausted, or a shard lost with no spare left.
+  std::string failure() const;
 
   /// The node each placement index runs on now (changes when shards move to spares).
   std::vector<int> current_nodes() const;

@@ -15,7 +15,12 @@ pkgs=(
   iproute2 iperf3                # network-namespace lab (ip netns, tc) and its shaping check
   clang-14 libclang-rt-14-dev libfuzzer-14-dev  # the ASan+UBSan build and the fuzzers (scripts/sanitize.sh, fuzz.sh)
   python3                        # scripts/soak_summary.py, scripts/exactness.sh
+  libcpp-httplib-dev             # cellshard serve's HTTP server (a compiled library, with OpenSSL 3)
+  curl chromium                  # serve's tests: curl as a client, the page in headless Chromium
 )
+# The serve tests' Node.js clients (OpenAI SDK, playwright-core) need node and
+# npm; Debian's packages only when no node is installed (a newer one may be).
+command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

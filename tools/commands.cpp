@@ -15,5 +15,7 @@ void add_commands(CLI::App& app, int& status) {
   add_status(app, status);
   add_tokenize(app, status);
   add_inspect(app, status);
+  add_serve(app, status);
+  add_bench_serve(app, status);
 }
 }  // namespace cellshard::tools

@@ -20,4 +20,7 @@ void add_certs(CLI::App& app, int& status);
 void add_status(CLI::App& app, int& status);
 void add_tokenize(CLI::App& app, int& status);
 void add_inspect(CLI::App& app, int& status);
+void add_serve(CLI::App& app, int& status);
+/// `bench serve` (tools/bench_serve.cpp); call after add_bench.
+void add_bench_serve(CLI::App& app, int& status);
 }  // namespace cellshard::tools

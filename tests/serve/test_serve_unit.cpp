@@ -1,0 +1,113 @@
+// serve/openai.hpp and serve/metrics.hpp without a server: the request
+// checks (each field's error names the field), stop-string visibility and
+// the Prometheus histogram's cumulative buckets.
+#include "serve/metrics.hpp"
+#include "serve/openai.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace cellshard::serve;
+
+TEST_CASE("serve parse_request: a completion with every field", "[serve][unit]") {
+  auto p = parse_request(R"({"model":"stories260K","prompt":"Once","max_tokens":5,"temperature":0.5,
+                              "top_p":0.25,"seed":7,"stop":["\n","."],"n":1,"stream":true,
+                              "stream_options":{"include_usage":true},"echo":true,"user":"x"})",
+                         false);
+  REQUIRE(p.request);
+  const auto& r = *p.request;
+  CHECK(r.model == "stories260K");
+  CHECK(r.prompt == "Once");
+  CHECK(*r.max_tokens == 5);
+  CHECK(r.temperature == 0.5f);
+  CHECK(r.top_p == 0.25f);
+  CHECK(*r.seed == 7);
+  CHECK(r.stop == std::vector<std::string>{"\n", "."});
+  CHECK(r.stream);
+  CHECK(r.include_usage);
+  CHECK(r.echo);
+}
+
+TEST_CASE("serve parse_request: chat messages, defaults", "[serve][unit]") {
+  auto p = parse_request(R"({"messages":[{"role":"system","content":"Be brief."},
+                              {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"!"}]}]})",
+                         true);
+  REQUIRE(p.request);
+  CHECK(p.request->messages.size() == 2);
+  CHECK(join_messages(p.request->messages) == "Be brief.\nHi!");
+  CHECK(!p.request->max_tokens);
+  CHECK(p.request->temperature == 1.0f);
+  CHECK(p.request->top_p == 1.0f);
+  CHECK(!p.request->seed);
+  CHECK(!p.request->stream);
+}
+
+TEST_CASE("serve parse_request: each bad field is a 400 naming it", "[serve][unit]") {
+  struct row {
+    const char* body;
+    bool chat;
+    const char* param;
+  };
+  const row rows[] = {
+      {R"({"prompt":"a","temperature":"hot"})", false, "temperature"},
+      {R"({"prompt":"a","temperature":2.5})", false, "temperature"},
+      {R"({"prompt":"a","top_p":-0.1})", false, "top_p"},
+      {R"({"prompt":"a","max_tokens":0})", false, "max_tokens"},
+      {R"({"prompt":"a","max_tokens":1.5})", false, "max_tokens"},
+      {R"({"prompt":"a","n":2})", false, "n"},
+      {R"({"prompt":"a","stop":["a","b","c","d","e"]})", false, "stop"},
+      {R"({"prompt":"a","stop":""})", false, "stop"},
+      {R"({"prompt":"a","stream":"yes"})", false, "stream"},
+      {R"({"prompt":"a","stream_options":{"include_usage":true}})", false, "stream_options"},
+      {R"({"prompt":[1,2,3]})", false, "prompt"},
+      {R"({"max_tokens":3})", false, "prompt"},
+      {R"({"messages":[]})", true, "messages"},
+      {R"({"messages":[{"role":"wizard","content":"x"}]})", true, "messages[0].role"},
+      {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, "messages[0].content"},
+      {R"({"prompt":"a","model":3})", false, "model"},
+  };
+  for (const auto& r : rows) {
+    INFO(r.body);
+    auto p = parse_request(r.body, r.chat);
+    REQUIRE(!p.request);
+    CHECK(p.error.status == 400);
+    CHECK(p.error.param == r.param);
+    const auto j = error_body(p.error);
+    CHECK(j["error"]["type"] == "invalid_request_error");
+    CHECK(j["error"]["param"] == r.param);
+  }
+  auto bad = parse_request("{not json", false);
+  REQUIRE(!bad.request);
+  CHECK(bad.error.status == 400);
+  CHECK(error_body(bad.error)["error"]["param"].is_null());
+  CHECK(!parse_request("[1]", false).request);
+}
+
+TEST_CASE("serve visible_length: stop strings cut the text and hold back a possible start", "[serve][unit]") {
+  bool hit = false;
+  CHECK(visible_length("abc", {}, &hit) == 3);
+  CHECK(!hit);
+  CHECK(visible_length("Once upon. a", {"."}, &hit) == 9);
+  CHECK(hit);
+  // "up" may begin "upon": held back until the next piece decides.
+  CHECK(visible_length("Once up", {"upon"}, &hit) == 5);
+  CHECK(!hit);
+  CHECK(visible_length("Once upon", {"upon"}, &hit) == 5);
+  CHECK(hit);
+  // The earliest of several stops wins.
+  CHECK(visible_length("a.b\nc", {"\n", "."}, &hit) == 1);
+  CHECK(hit);
+}
+
+TEST_CASE("serve histogram: cumulative buckets, sum and count in the Prometheus text format", "[serve][unit]") {
+  histogram h({0.1, 1, 10});
+  for (double v : {0.05, 0.1, 0.5, 2.0, 20.0}) h.observe(v);
+  const std::string t = h.render("cellshard_x_seconds", "help text");
+  CHECK(t.find("# TYPE cellshard_x_seconds histogram\n") != std::string::npos);
+  CHECK(t.find("cellshard_x_seconds_bucket{le=\"0.1\"} 2\n") != std::string::npos);  // 0.05 and 0.1 (le is <=)
+  CHECK(t.find("cellshard_x_seconds_bucket{le=\"1\"} 3\n") != std::string::npos);
+  CHECK(t.find("cellshard_x_seconds_bucket{le=\"10\"} 4\n") != std::string::npos);
+  CHECK(t.find("cellshard_x_seconds_bucket{le=\"+Inf\"} 5\n") != std::string::npos);
+  CHECK(t.find("cellshard_x_seconds_sum 22.65\n") != std::string::npos);
+  CHECK(t.find("cellshard_x_seconds_count 5\n") != std::string::npos);
+  CHECK(exponential_buckets(0.001, 2, 3) == std::vector<double>{0.001, 0.002, 0.004});
+}

@@ -1,0 +1,149 @@
+#include "tools/cluster_flags.hpp"
+
+#include "actors/remote.hpp"
+#include "actors/tls.hpp"
+#include "kernels/spe.hpp"
+#include "model/checkpoint.hpp"
+#include "supervision/fault_plan.hpp"
+#include "topologies/placement.hpp"
+#include "topologies/profile.hpp"
+
+#include <algorithm>
+
+namespace cellshard::tools {
+
+cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::string& tls_prefix) {
+  cluster_flag_set set;
+  set.tls_prefix = tls_prefix;
+  cmd->add_option("--kernels", o.kernels, "kernel backend: native|reference|blas|spe|spu-host")->capture_default_str();
+  cmd->add_option("--spe-workers", o.spe_workers,
+                  "SPE workers of the spe backend (default: 6 with the ps3 profiles, else 1)");
+  cmd->add_option("--weights", o.weights, "f32|q8_0|q4_0 (q8_0 and q4_0 quantize at load time)")->capture_default_str();
+  cmd->add_option("--blas-threads", o.blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
+      ->capture_default_str();
+  auto* g = "Nodes (in process)";
+  set.runtime = {
+      cmd->add_option("--nodes", o.nodes, "in-process nodes")->group(g),
+      cmd->add_option("--spares", o.spares, "extra nodes held as spares")->group(g),
+      cmd->add_option("--topology", o.topology, "pipeline|tensor|hybrid:PxT")->group(g),
+      cmd->add_option("--profile", o.profile, "node profile: host|ps3|ps3-slim|rpi5")->group(g),
+      cmd->add_option("--memory", o.memory, "per-node memory budget, e.g. 256MiB (overrides the profile)")
+          ->group(g),
+      cmd->add_flag("--print-placement", o.print_placement,
+                    "print the placement (placement indices, roles, memory) to stderr")->group(g),
+      cmd->add_option("--caf-threads", o.caf_threads, "CAF scheduler threads")->group(g),
+      cmd->add_option("--fault", o.fault_specs,
+                      "KIND:node=N:step=S[:ms=D][:n=K] (repeatable; N = placement index)")->group(g),
+      cmd->add_option("--faults", o.faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
+      cmd->add_option("--checkpoint-every", o.checkpoint_every, "positions between KV checkpoints (0: none)")
+          ->check(CLI::Range(0, 1 << 20))
+          ->group(g),
+      cmd->add_option("--link", o.link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
+          ->group(g)};
+  auto* d = "Nodes (daemons)";
+  set.cluster = cmd->add_option("--cluster", o.cluster,
+                                "node daemons: JSON {\"nodes\": [{\"host\", \"port\", \"profile\", "
+                                "\"spare\"}]} (see cellshard node)")->group(d);
+  cmd->add_option("--" + tls_prefix + "tls-cert", o.tls_cert,
+                  "mutual TLS with the nodes: this side's certificate (PEM)")->group(d);
+  cmd->add_option("--" + tls_prefix + "tls-key", o.tls_key, "its private key (PEM)")->group(d);
+  cmd->add_option("--" + tls_prefix + "tls-ca", o.tls_ca, "the CA that signs every node's certificate (PEM)")
+      ->group(d);
+  return set;
+}
+
+void check_cluster_flags(CLI::App* cmd, const cluster_flag_set& set, cluster_flags& o) {
+  for (auto* f : set.runtime)
+    if (f->count() > 0) o.use_cluster = true;
+  const std::string p = "--" + set.tls_prefix;
+  if (set.cluster->count() > 0) {
+    if (cmd->count("--nodes") + cmd->count("--spares") > 0)
+      throw cli_error("--cluster: the nodes are the file's; drop --nodes/--spares", 2);
+    o.use_cluster = true;
+  } else if (!o.tls_cert.empty() || !o.tls_key.empty() || !o.tls_ca.empty()) {
+    throw cli_error(p + "tls-cert/" + p + "tls-key/" + p + "tls-ca secure the connections to node daemons: they need --cluster",
+                    2);
+  }
+  auto tls = actors::check_tls_flags({o.tls_cert, o.tls_key, o.tls_ca});
+  if (!tls) throw cli_error(tls.message(), 2);
+  // Usage checks of the values alone, before anything is loaded.
+  if (o.nodes < 1) throw cli_error("--nodes: got " + std::to_string(o.nodes) + ", expected at least 1", 2);
+  if (o.spares < 0)
+    throw cli_error("--spares: got " + std::to_string(o.spares) + ", expected 0 or more spare nodes", 2);
+  if (o.caf_threads < 1)
+    throw cli_error("--caf-threads: got " + std::to_string(o.caf_threads) + ", expected at least 1", 2);
+  if (o.blas_threads < 0)
+    throw cli_error("--blas-threads: got " + std::to_string(o.blas_threads) + ", expected 0 (OpenBLAS default) or more",
+                    2);
+  if (o.spe_workers < 0)
+    throw cli_error("--spe-workers: got " + std::to_string(o.spe_workers) + ", expected 0 (the profile's) or more", 2);
+  auto strat = topologies::parse_strategy(o.topology);
+  if (!strat) throw cli_error(strat.message(), 2);
+}
+
+const kernels::backend& apply_kernel_flags(const cluster_flags& o) {
+  const kernels::backend* be = kernels::find_backend(o.kernels);
+  if (!be) {
+    std::string names;
+    for (auto& n : kernels::backend_names()) names += (names.empty() ? "" : ", ") + n;
+    throw cli_error("--kernels: unknown backend '" + o.kernels + "', expected one of " + names, 2);
+  }
+  auto fmt = model::parse_weight_format(o.weights);
+  if (!fmt) throw cli_error(fmt.message(), 2);
+  kernels::set_blas_threads(o.blas_threads);
+  kernels::set_spe_workers(o.spe_workers > 0 ? o.spe_workers
+                                             : (o.profile == "ps3" || o.profile == "ps3-slim") ? 6 : 1);
+  return *be;
+}
+
+actors::cluster_options make_cluster_options(const cluster_flags& o, const loaded_model& lm, int sessions) {
+  actors::cluster_options co;
+  co.file = lm.file;
+  co.tok = lm.tok;
+  co.nodes = o.nodes;
+  co.spares = o.spares;
+  co.topology = o.topology;
+  co.profile = o.profile;
+  if (!o.memory.empty()) {
+    auto m = topologies::parse_memory(o.memory);
+    if (!m) throw cli_error("--memory: " + m.message(), 2);
+    co.memory = *m;
+  }
+  co.kernels = o.kernels;
+  co.weights = o.weights;
+  co.caf_threads = o.caf_threads;
+  co.blas_threads = o.blas_threads;
+  if (!o.cluster.empty()) {
+    actors::remote_options ro;
+    ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
+    ro.default_profile = o.profile;
+    ro.default_memory = co.memory;
+    auto h = actors::remote_host::from_file(o.cluster, ro);
+    if (!h) throw cli_error(h.message());
+    co.host = *h;
+  }
+  co.checkpoint_every = o.checkpoint_every;
+  if (!o.link.empty()) {
+    auto l = topologies::parse_link(o.link);
+    if (!l) throw cli_error("--link: " + l.message(), 2);
+    if (!o.cluster.empty())
+      throw cli_error("--link shapes in-process nodes; node daemons shape their own links "
+                      "(cellshard node --link BANDWIDTH:LATENCY), which run then measures",
+                      2);
+  }
+  co.link = o.link;
+  co.sessions = std::max(1, sessions);
+  for (const auto& spec : o.fault_specs) {
+    auto f = supervision::parse_fault_spec(spec);
+    if (!f) throw cli_error("--fault: " + f.message(), 2);
+    co.faults.push_back(*f);
+  }
+  if (!o.faults_file.empty()) {
+    auto fs = supervision::parse_fault_json(read_text(o.faults_file));
+    if (!fs) throw cli_error(o.faults_file + ": " + fs.message(), 2);
+    co.faults.insert(co.faults.end(), fs->begin(), fs->end());
+  }
+  return co;
+}
+
+}  // namespace cellshard::tools
