@@ -223,18 +223,8 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto wf = topologies::find_weight_format(weights);
   if (!wf) return wf.err();
   po.weights = *wf;
-  if (im->file->has_non_f32()) {
-    // A GGUF model keeps each matrix in its file type: account its real bytes.
-    const model::typed_layer_view t = im->file->typed_layer(0);
-    const model::tensor_view views[] = {t.wq, t.wk, t.wv, t.wo, t.w1, t.w2, t.w3,
-                                        im->file->typed_embedding(), im->file->typed_classifier()};
-    po.weights.name = "gguf";
-    po.weights.kinds.clear();
-    for (const auto& v : views)
-      po.weights.kinds.push_back({static_cast<double>(kernels::block_bytes(v.type)) /
-                                      kernels::block_elems(v.type),
-                                  kernels::block_elems(v.type)});
-  }
+  // A GGUF model keeps each matrix in its file type: account its real bytes.
+  po.weights = topologies::weight_format_of(*im->file, *wf);
   auto plan = topologies::place(mc, im->host->nodes(), *strat, po);
   if (!plan) return plan.err();
   im->plan = std::move(*plan);

@@ -203,6 +203,7 @@ void probe_step(session_actor* self, uint64_t seq) {
     else if (t->working || in_transit)
       why += "still in progress after " + std::to_string(st.spec.max_wait_factor) + " x --step-timeout-max)";
     else why += "lost: no shard works on the step and nothing is in transit)";
+    st.out.resend_deadlines_ms.push_back(deadline_of(st, st.inflight.size() > 1).count());
     retry_step(self, why);
   };
   for (size_t i = 0; i < st.spec.shards.size(); ++i) {

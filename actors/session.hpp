@@ -44,6 +44,9 @@ struct session_outcome {
   std::vector<recovery_record> recoveries;
   int retries = 0;                  // steps re-sent after their deadline passed and a failed probe
   int extensions = 0;               // deadlines extended because a probe found the step in progress
+  /// For each re-send after a deadline (a subset of `retries`): the deadline
+  /// that had passed, in ms, as deadline_of computed it (not a measured time).
+  std::vector<int64_t> resend_deadlines_ms;
 };
 
 struct session_spec {

@@ -81,7 +81,6 @@ int do_inspect(const inspect_opts& o) {
       tensors.push_back({{"name", t.name}, {"type", ty}, {"shape", t.ne}, {"bytes", t.bytes}});
       by_type[ty].first += 1;
       by_type[ty].second += t.bytes;
-      if (t.type != model::gguf::ggml_type::f32 && t.ne.size() >= 2) weights = "q8_0";
     }
     j["tensors"] = tensors;
     nlohmann::json types = nlohmann::json::object();
@@ -179,7 +178,8 @@ int do_inspect(const inspect_opts& o) {
     po.check_memory = false;
     auto wf = topologies::find_weight_format(weights);
     if (!wf) throw cli_error(wf.message());
-    po.weights = *wf;
+    po.weights = topologies::weight_format_of(*mf, *wf);
+    weights = po.weights.name;  // "gguf": each matrix as stored in the file
     auto plan = topologies::place(mf->cfg(), topologies::make_nodes(o.nodes, p), *strat, po);
     if (!plan) throw cli_error(plan.message(), 2);
     nlohmann::json nodes = nlohmann::json::array();

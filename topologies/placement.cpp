@@ -173,6 +173,21 @@ result<weight_format> find_weight_format(std::string_view name) {
   return make_error("unknown weight format '" + std::string(name) + "' (expected f32, q8_0 or q4_0)");
 }
 
+weight_format weight_format_of(const model::model_file& file, weight_format requested) {
+  if (!file.has_non_f32()) return requested;
+  const model::typed_layer_view t = file.typed_layer(0);
+  // Indexed by weight_format::matrix_kind.
+  const model::tensor_view views[] = {t.wq, t.wk, t.wv, t.wo, t.w1, t.w2, t.w3,
+                                      file.typed_embedding(), file.typed_classifier()};
+  weight_format w = requested;
+  w.name = "gguf";
+  w.kinds.clear();
+  for (const auto& v : views)
+    w.kinds.push_back({static_cast<double>(kernels::block_bytes(v.type)) / kernels::block_elems(v.type),
+                       kernels::block_elems(v.type)});
+  return w;
+}
+
 std::vector<node_spec> make_nodes(int n, const profile& prof, int spares) {
   std::vector<node_spec> out;
   for (int i = 0; i < n + spares; ++i) out.push_back(node_spec{i, prof, i >= n});

@@ -59,6 +59,7 @@
 // messages that name the limit, the node and the numbers.
 #pragma once
 
+#include "model/checkpoint.hpp"
 #include "model/config.hpp"
 #include "model/result.hpp"
 #include "topologies/profile.hpp"
@@ -115,6 +116,12 @@ struct weight_format {
 };
 /// "f32", "q8_0" or "q4_0" (as `--weights`).
 result<weight_format> find_weight_format(std::string_view name);
+/// The storage of `file`'s matrices for the placement's memory account: a
+/// model whose matrices keep their file types (GGUF with F16, Q8_0, Q4_K...)
+/// gets one kind_format per matrix kind from layer 0's, the embedding's and
+/// the classifier's tensor types (ggml block bytes / block weights); any
+/// other model gets `requested` unchanged (what --weights asks for).
+weight_format weight_format_of(const model::model_file& file, weight_format requested);
 
 struct placement_options {
   int context = 0;   // KV-cache positions per session; 0 = config.seq_len
