@@ -2,13 +2,16 @@
 
 #include "actors/remote.hpp"
 #include "actors/tls.hpp"
+#include "kernels/pool.hpp"
 #include "kernels/spe.hpp"
 #include "model/checkpoint.hpp"
+#include "model/transformer.hpp"
 #include "supervision/fault_plan.hpp"
 #include "topologies/placement.hpp"
 #include "topologies/profile.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 namespace cellshard::tools {
 
@@ -19,7 +22,21 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
   cmd->add_option("--spe-workers", o.spe_workers,
                   "SPE workers of the spe backend (default: 6 with the ps3 profiles, else 1)");
   cmd->add_option("--weights", o.weights, "f32|q8_0|q4_0 (q8_0 and q4_0 quantize at load time)")->capture_default_str();
+  cmd->add_option("--matmul", o.matmul,
+                  "exact|ggml: exact dequantizes weights to f32 with f32 activations; ggml rounds "
+                  "activations as llama.cpp (fp16/bf16/q8_0/q8_K per weight type). Default: exact "
+                  "for F32 weights, ggml otherwise")
+      ->check(CLI::IsMember({"exact", "ggml"}));
+  cmd->add_option("--ctx", o.ctx,
+                  "context length (positions) instead of the model's (GGUF context_length; "
+                  "stories260K.gguf says 128, it was trained at 512)")
+      ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--blas-threads", o.blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
+      ->capture_default_str();
+  cmd->add_option("--threads", o.threads,
+                  "kernel threads per node (native backend; 0 = the CPUs this process may use, "
+                  "divided among in-process nodes)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   auto* g = "Nodes (in process)";
   set.runtime = {
@@ -37,6 +54,17 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
       cmd->add_option("--faults", o.faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
       cmd->add_option("--checkpoint-every", o.checkpoint_every, "positions between KV checkpoints (0: none)")
           ->check(CLI::Range(0, 1 << 20))
+          ->group(g),
+      cmd->add_option("--step-timeout-min", o.step_timeout_min_ms,
+                      "floor of a step's deadline, ms (the deadline is 3x the step's expected compute and "
+                      "transfer time; when it passes, a probe extends it if the step is in progress)")
+          ->check(CLI::Range(1, 24 * 3600 * 1000))
+          ->capture_default_str()
+          ->group(g),
+      cmd->add_option("--step-timeout-max", o.step_timeout_max_ms,
+                      "cap of a step's deadline and of the whole wait for one step, ms")
+          ->check(CLI::Range(1, 24 * 3600 * 1000))
+          ->capture_default_str()
           ->group(g),
       cmd->add_option("--link", o.link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
           ->group(g)};
@@ -79,6 +107,10 @@ void check_cluster_flags(CLI::App* cmd, const cluster_flag_set& set, cluster_fla
     throw cli_error("--spe-workers: got " + std::to_string(o.spe_workers) + ", expected 0 (the profile's) or more", 2);
   auto strat = topologies::parse_strategy(o.topology);
   if (!strat) throw cli_error(strat.message(), 2);
+  if (o.step_timeout_min_ms > o.step_timeout_max_ms)
+    throw cli_error("--step-timeout-min (" + std::to_string(o.step_timeout_min_ms) +
+                        " ms) exceeds --step-timeout-max (" + std::to_string(o.step_timeout_max_ms) + " ms)",
+                    2);
 }
 
 const kernels::backend& apply_kernel_flags(const cluster_flags& o) {
@@ -96,6 +128,13 @@ const kernels::backend& apply_kernel_flags(const cluster_flags& o) {
   return *be;
 }
 
+kernels::matmul_mode matmul_of(const cluster_flags& o, const loaded_model& lm) {
+  if (o.matmul.empty()) return lm.file->default_matmul();
+  auto mm = model::parse_matmul_mode(o.matmul);
+  if (!mm) throw cli_error(mm.message(), 2);
+  return *mm;
+}
+
 actors::cluster_options make_cluster_options(const cluster_flags& o, const loaded_model& lm, int sessions) {
   actors::cluster_options co;
   co.file = lm.file;
@@ -111,8 +150,14 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
   }
   co.kernels = o.kernels;
   co.weights = o.weights;
+  co.matmul = kernels::to_string(matmul_of(o, lm));
+  co.ctx = o.ctx;
   co.caf_threads = o.caf_threads;
   co.blas_threads = o.blas_threads;
+  co.threads = o.threads > 0 ? o.threads
+                             : (o.cluster.empty() ? std::max(1, kernels::available_cpus() / std::max(1, o.nodes)) : 1);
+  co.step_timeout_min = std::chrono::milliseconds(o.step_timeout_min_ms);
+  co.step_timeout = std::chrono::milliseconds(o.step_timeout_max_ms);
   if (!o.cluster.empty()) {
     actors::remote_options ro;
     ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};

@@ -1,15 +1,14 @@
 // tools/cluster_flags.hpp: the command-line flags that choose where and how a
-// model runs on the actor runtime (in-process nodes or node daemons, the
-// placement, supervision and faults, kernels and weights), shared by `serve`
-// and `bench serve`. Each flag means what run's flag of the same name means
-// (docs/CLI.md); `run` still declares its own copy of these flags (with its
-// input validation and its own extra ones: --threads, --step-timeout-*), so a
-// change to one of them is to be made in both places until run uses this.
+// model runs (kernels, weights, threads, in-process nodes or node daemons,
+// the placement, supervision, deadlines and faults), declared once and shared
+// by `run`, `serve` and `bench serve`, so each flag means the same everywhere
+// (docs/CLI.md).
 //
 // Use: add_cluster_flags() while building the subcommand, then in its
-// callback check_cluster_flags() (combinations), then make_cluster_options()
-// once the model is loaded. Errors are cli_error: status 2 for a bad flag,
-// naming the flag and what was expected.
+// callback check_cluster_flags() (values and combinations, before anything
+// is loaded), then apply_kernel_flags() and, once the model is loaded,
+// matmul_of() and make_cluster_options(). Errors are cli_error: status 2 for
+// a bad flag, naming the flag and what was expected.
 #pragma once
 
 #include "actors/cluster.hpp"
@@ -28,6 +27,11 @@ struct cluster_flags {
   std::string kernels = "native", weights = "f32";  // as run's defaults
   int blas_threads = 1;
   int spe_workers = 0;  // 0 = the profile's (ps3: 6), else 1
+  int threads = 0;      // kernel threads per node; 0 = the CPUs (shared among in-process nodes)
+  // GGUF (issue #16): "" = the model's default (exact for F32, ggml otherwise);
+  // ctx 0 = the model's context length.
+  std::string matmul;
+  int ctx = 0;
   // In-process nodes (issue #4).
   int nodes = 1, spares = 0, caf_threads = 2;
   std::string topology = "pipeline", profile = "host", memory;
@@ -36,6 +40,8 @@ struct cluster_flags {
   std::vector<std::string> fault_specs;
   std::string faults_file;
   int checkpoint_every = 16;
+  // Floor and cap of a step's deadline (issue #20), ms.
+  int step_timeout_min_ms = 2000, step_timeout_max_ms = 30000;
   // Weak nodes (issue #8).
   std::string link;
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
@@ -52,8 +58,9 @@ struct cluster_flag_set {
   std::string tls_prefix;
 };
 
-/// Adds --kernels, --weights, --blas-threads, the "Nodes (in process)" group
-/// (--nodes ... --link) and the "Nodes (daemons)" group (--cluster and the
+/// Adds --kernels, --spe-workers, --weights, --matmul, --ctx, --blas-threads,
+/// --threads, the "Nodes (in process)" group (--nodes ... --link, the step
+/// deadlines) and the "Nodes (daemons)" group (--cluster and the
 /// mutual-TLS flags, named `--<tls_prefix>tls-cert` etc.: `serve` uses the
 /// plain names for its own HTTPS and passes "node-").
 cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::string& tls_prefix = "");
@@ -66,7 +73,12 @@ void check_cluster_flags(CLI::App* cmd, const cluster_flag_set& set, cluster_fla
 /// workers for the process; returns the backend.
 const kernels::backend& apply_kernel_flags(const cluster_flags& o);
 
-/// The cluster options for model `lm`: backend, weights, nodes or the
+/// The matmul mode of --matmul, else `lm`'s default (exact for F32 weights,
+/// ggml otherwise).
+kernels::matmul_mode matmul_of(const cluster_flags& o, const loaded_model& lm);
+
+/// The cluster options for model `lm`: backend, weights, matmul, context,
+/// threads per node, step deadlines, nodes or the
 /// daemons of --cluster (remote_host), faults of --fault/--faults, link.
 /// `sessions` is the number of concurrent sessions the memory check plans for.
 actors::cluster_options make_cluster_options(const cluster_flags& o, const loaded_model& lm, int sessions);

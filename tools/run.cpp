@@ -14,6 +14,7 @@
 #include "model/transformer.hpp"
 #include "topologies/placement.hpp"
 #include "topologies/profile.hpp"
+#include "tools/cluster_flags.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 #include "base/percentile.hpp"
@@ -39,39 +40,20 @@ namespace cellshard::tools {
 namespace {
 
 struct run_opts {
-  std::string model, tokenizer, prompt, kernels = "native", weights = "f32";
-  std::string matmul;  // "" = the model's default
-  int ctx = 0;
+  cluster_flags cf;  // kernels, weights, threads, nodes, daemons, faults, deadlines (shared with serve)
+  std::string model, tokenizer, prompt;
   int steps = 256;
   float temperature = 1.0f, topp = 0.9f;
   unsigned long long seed = 0;
   std::string ids_out, expect_ids, json_out;
-  int blas_threads = 1;
-  int threads = 0;  // kernel threads per node; 0 = the CPUs (shared among in-process nodes)
-  int spe_workers = 0;  // 0 = the profile's (ps3: 6), else 1
   bool quiet = false;
-  // In-process nodes (issue #4): any of these selects the actor runtime.
-  int nodes = 1, spares = 0, caf_threads = 2;
-  std::string topology = "pipeline", profile = "host", memory;
-  bool print_placement = false;
-  bool use_cluster = false;
-  // Faults and recovery (issue #6).
-  std::vector<std::string> fault_specs;
-  std::string faults_file;
-  int checkpoint_every = 16;
-  // Floor and cap of a step's deadline (issue #20), ms.
-  int step_timeout_min_ms = 2000, step_timeout_max_ms = 30000;
-  // Weak nodes (issue #8).
-  std::string link;
-  int batch = 1;
+  int batch = 1;  // concurrent identical requests (selects the actor runtime)
   bool demo = false;  // `run` without -m and without nodes: the demo
   std::string journal, resume;  // issue #7
   std::string expect_digest;    // XXH64 of the model file, as model::format_digest prints it
   // Which of -n/-t/-p/-s/-i the command line gave (a resume refuses conflicting ones only).
   bool steps_given = false, temperature_given = false, topp_given = false, seed_given = false,
        prompt_given = false;
-  // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
-  std::string cluster, tls_cert, tls_key, tls_ca;
   // Issue #16: stop rule, logits, chat.
   bool ignore_eos = false;
   std::string logits_out;
@@ -178,8 +160,8 @@ int do_demo(const run_opts& o) {
   co.nodes = 8;
   co.profile = "ps3";
   co.topology = "pipeline";
-  co.kernels = o.kernels;
-  co.caf_threads = o.caf_threads;
+  co.kernels = o.cf.kernels;
+  co.caf_threads = o.cf.caf_threads;
   kernels::set_spe_workers(6);
   // Early enough that a sampled BOS rarely ends the run first (the synthetic
   // model's BOS comes up about once in 500 tokens), late enough to be mid-run.
@@ -254,20 +236,8 @@ void check_run_flags(const run_opts& o) {
                     ", expected a finite number (0 = greedy, 1 = the model's distribution)", 2);
   if (!std::isfinite(o.topp))
     throw cli_error("-p/--topp: got " + fmt(o.topp) + ", expected a finite number in [0, 1] (0.9 is usual)", 2);
-  if (o.nodes < 1) throw cli_error("--nodes: got " + std::to_string(o.nodes) + ", expected at least 1", 2);
-  if (o.spares < 0)
-    throw cli_error("--spares: got " + std::to_string(o.spares) + ", expected 0 or more spare nodes", 2);
   if (o.batch < 1)
     throw cli_error("--batch: got " + std::to_string(o.batch) + ", expected at least 1 concurrent request", 2);
-  if (o.caf_threads < 1)
-    throw cli_error("--caf-threads: got " + std::to_string(o.caf_threads) + ", expected at least 1", 2);
-  if (o.blas_threads < 0)
-    throw cli_error("--blas-threads: got " + std::to_string(o.blas_threads) + ", expected 0 (OpenBLAS default) or more",
-                    2);
-  if (o.spe_workers < 0)
-    throw cli_error("--spe-workers: got " + std::to_string(o.spe_workers) + ", expected 0 (the profile's) or more", 2);
-  auto strat = topologies::parse_strategy(o.topology);
-  if (!strat) throw cli_error(strat.message(), 2);
   if (!o.expect_digest.empty()) parse_digest_flag(o.expect_digest, "--expect-digest");
 }
 
@@ -288,17 +258,9 @@ void check_fault_steps(const std::vector<supervision::fault_plan>& faults, int s
 
 int do_run(const run_opts& o) {
   if (o.demo) return do_demo(o);
-  const kernels::backend* be = kernels::find_backend(o.kernels);
-  if (!be) {
-    std::string names;
-    for (auto& n : kernels::backend_names()) names += (names.empty() ? "" : ", ") + n;
-    throw cli_error("--kernels: unknown backend '" + o.kernels + "', expected one of " + names, 2);
-  }
-  auto fmt = model::parse_weight_format(o.weights);
+  const kernels::backend* be = &apply_kernel_flags(o.cf);
+  auto fmt = model::parse_weight_format(o.cf.weights);
   if (!fmt) throw cli_error(fmt.message(), 2);
-  kernels::set_blas_threads(o.blas_threads);
-  kernels::set_spe_workers(o.spe_workers > 0 ? o.spe_workers
-                                             : (o.profile == "ps3" || o.profile == "ps3-slim") ? 6 : 1);
 
   // Read --expect-ids before the long part, so a bad file fails fast.
   std::vector<int> expected;
@@ -335,7 +297,7 @@ int do_run(const run_opts& o) {
     if (::access(dir.c_str(), W_OK) != 0)
       throw cli_error("--journal " + o.journal + ": cannot create it in " + dir + ": " + std::strerror(errno));
   }
-  loaded_model lm = load_model(model_path, tokenizer_path, false, o.ctx);
+  loaded_model lm = load_model(model_path, tokenizer_path, false, o.cf.ctx);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   if (!o.expect_digest.empty()) {
     const uint64_t want = parse_digest_flag(o.expect_digest, "--expect-digest");
@@ -344,12 +306,7 @@ int do_run(const run_opts& o) {
                       model::format_digest(want) +
                       " (--expect-digest, XXH64 of the whole file): the file is corrupt or another version");
   }
-  kernels::matmul_mode matmul = lm.file->default_matmul();
-  if (!o.matmul.empty()) {
-    auto mm = model::parse_matmul_mode(o.matmul);
-    if (!mm) throw cli_error(mm.message(), 2);
-    matmul = *mm;
-  }
+  const kernels::matmul_mode matmul = matmul_of(o.cf, lm);
   if (o.steps > lm.file->cfg().seq_len)
     std::fprintf(stderr, "warning: -n %d is above the context length %d; clamped to %d%s\n", o.steps,
                  lm.file->cfg().seq_len, lm.file->cfg().seq_len,
@@ -441,12 +398,12 @@ int do_run(const run_opts& o) {
   nlohmann::json faults_json = nlohmann::json::array();
   nlohmann::json suspicions_json = nlohmann::json::array();
   result<model::generation_result> res = make_error("not run");
-  if (!o.use_cluster) {
+  if (!o.cf.use_cluster) {
     auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt,
                                         matmul);
     if (!w) throw cli_error(w.message());
     model::engine eng(*w, *be);
-    const int kt = o.threads > 0 ? o.threads : kernels::available_cpus();
+    const int kt = o.cf.threads > 0 ? o.cf.threads : kernels::available_cpus();
     std::unique_ptr<kernels::pool> kpool;
     if (kt > 1) kpool = std::make_unique<kernels::pool>(kt);
     kernels::pool::scope use_pool(kpool.get());
@@ -463,66 +420,11 @@ int do_run(const run_opts& o) {
                             {"bytes_sent", 0},
                             {"bytes_received", 0}});
   } else {
-    actors::cluster_options co;
-    co.file = lm.file;
-    co.tok = lm.tok;
-    co.nodes = o.nodes;
-    co.spares = o.spares;
-    co.topology = o.topology;
-    co.profile = o.profile;
-    if (!o.memory.empty()) {
-      auto m = topologies::parse_memory(o.memory);
-      if (!m) throw cli_error("--memory: " + m.message(), 2);
-      co.memory = *m;
-    }
-    co.kernels = o.kernels;
-    co.weights = o.weights;
-    co.matmul = kernels::to_string(matmul);
-    co.ctx = o.ctx;
-    co.caf_threads = o.caf_threads;
-    co.blas_threads = o.blas_threads;
-    co.threads = o.threads > 0 ? o.threads
-                               : (o.cluster.empty() ? std::max(1, kernels::available_cpus() / std::max(1, o.nodes)) : 1);
-    if (!o.cluster.empty()) {
-      actors::remote_options ro;
-      ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
-      ro.default_profile = o.profile;
-      ro.default_memory = co.memory;
-      auto h = actors::remote_host::from_file(o.cluster, ro);
-      if (!h) throw cli_error(h.message());
-      co.host = *h;
-    }
-    co.checkpoint_every = o.checkpoint_every;
-    if (o.step_timeout_min_ms > o.step_timeout_max_ms)
-      throw cli_error("--step-timeout-min (" + std::to_string(o.step_timeout_min_ms) +
-                          " ms) exceeds --step-timeout-max (" + std::to_string(o.step_timeout_max_ms) + " ms)",
-                      2);
-    co.step_timeout_min = std::chrono::milliseconds(o.step_timeout_min_ms);
-    co.step_timeout = std::chrono::milliseconds(o.step_timeout_max_ms);
-    if (!o.link.empty()) {
-      auto l = topologies::parse_link(o.link);
-      if (!l) throw cli_error("--link: " + l.message(), 2);
-      if (!o.cluster.empty())
-        throw cli_error("--link shapes in-process nodes; node daemons shape their own links "
-                        "(cellshard node --link BANDWIDTH:LATENCY), which run then measures",
-                        2);
-    }
-    co.link = o.link;
-    co.sessions = std::max(1, o.batch);
-    for (const auto& spec : o.fault_specs) {
-      auto f = supervision::parse_fault_spec(spec);
-      if (!f) throw cli_error("--fault: " + f.message(), 2);
-      co.faults.push_back(*f);
-    }
-    if (!o.faults_file.empty()) {
-      auto fs = supervision::parse_fault_json(read_text(o.faults_file));
-      if (!fs) throw cli_error(o.faults_file + ": " + fs.message(), 2);
-      co.faults.insert(co.faults.end(), fs->begin(), fs->end());
-    }
+    actors::cluster_options co = make_cluster_options(o.cf, lm, o.batch);
     check_fault_steps(co.faults, gp.steps);
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
-    if (o.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
+    if (o.cf.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
     // The limits in effect, measured before the run (a limit not in effect
     // is the commonest mistake in such experiments).
     std::map<std::pair<int, int>, actors::cluster::link_measurement> measured;
@@ -682,7 +584,7 @@ int do_run(const run_opts& o) {
     }
   }
 
-  if (o.use_cluster) {  // a short human summary of the four metrics
+  if (o.cf.use_cluster) {  // a short human summary of the four metrics
     std::string mem;
     for (const auto& n : nodes_json)
       mem += (mem.empty() ? "" : ", ") + std::to_string(n["index"].get<int>()) + ": " +
@@ -738,31 +640,9 @@ void add_run(CLI::App& app, int& status) {
   cmd->add_option("-p,--topp", o->topp, "top-p (nucleus) threshold; <=0 or >=1 samples the full "
                   "distribution")->capture_default_str();
   cmd->add_option("-s,--seed", o->seed, "RNG seed (0 = from the clock)");
-  cmd->add_option("--kernels", o->kernels, "kernel backend: native|reference|blas|spe|spu-host")
-      ->capture_default_str();
-  cmd->add_option("--spe-workers", o->spe_workers,
-                  "SPE workers of the spe backend (default: 6 with the ps3 profiles, else 1)");
-  cmd->add_option("--weights", o->weights, "f32|q8_0|q4_0 (q8_0 and q4_0 quantize at load time)")
-      ->capture_default_str();
-  cmd->add_option("--matmul", o->matmul,
-                  "exact|ggml: exact dequantizes weights to f32 with f32 activations; ggml rounds "
-                  "activations as llama.cpp (fp16/bf16/q8_0/q8_K per weight type). Default: exact "
-                  "for F32 weights, ggml otherwise")
-      ->check(CLI::IsMember({"exact", "ggml"}));
-  cmd->add_option("--ctx", o->ctx,
-                  "context length (positions) instead of the model's (GGUF context_length; "
-                  "stories260K.gguf says 128, it was trained at 512)")
-      ->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--blas-threads", o->blas_threads, "OpenBLAS threads (0 = OpenBLAS default)")
-      ->capture_default_str();
   cmd->add_option("--expect-digest", o->expect_digest,
                   "refuse to run unless the model file's XXH64 digest is HEX (0x and 16 hex digits, as "
                   "inspect prints it)");
-  cmd->add_option("--threads", o->threads,
-                  "kernel threads per node (native backend; 0 = the CPUs this process may use, "
-                  "divided among in-process nodes)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
   cmd->add_option("--ids-out", o->ids_out, "write the token ids (BOS first) to FILE");
   cmd->add_option("--expect-ids", o->expect_ids,
                   "compare the ids with FILE; on a difference exit 3 naming the position");
@@ -778,65 +658,19 @@ void add_run(CLI::App& app, int& status) {
   cmd->add_option("--chat-format", o->chat_format,
                   "llama2|llama3|chatml|zephyr|none (default: from the GGUF's tokenizer.chat_template, "
                   "else none: contents joined by newlines)");
-  // In-process nodes: any of these runs the model on the actor runtime.
+  cluster_flag_set set = add_cluster_flags(cmd, o->cf);
+  // run's own flags of the actor runtime: any of these selects it too.
   auto* g = "Nodes (in process)";
-  std::vector<CLI::Option*> cluster_flags = {
-      cmd->add_option("--nodes", o->nodes, "in-process nodes")->group(g),
-      cmd->add_option("--spares", o->spares, "extra nodes held as spares")->group(g),
-      cmd->add_option("--topology", o->topology, "pipeline|tensor|hybrid:PxT")->group(g),
-      cmd->add_option("--profile", o->profile, "node profile: host|ps3|ps3-slim|rpi5")->group(g),
-      cmd->add_option("--memory", o->memory, "per-node memory budget, e.g. 256MiB (overrides the profile)")
-          ->group(g),
-      cmd->add_flag("--print-placement", o->print_placement,
-                    "print the placement (placement indices, roles, memory) to stderr")->group(g),
-      cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads")->group(g),
-      cmd->add_option("--fault", o->fault_specs,
-                      "KIND:node=N:step=S[:ms=D][:n=K] (repeatable; N = placement index)")->group(g),
-      cmd->add_option("--faults", o->faults_file, "faults from a JSON file {\"faults\": [...]}")->group(g),
-      cmd->add_option("--checkpoint-every", o->checkpoint_every, "positions between KV checkpoints (0: none)")
-          ->check(CLI::Range(0, 1 << 20))
-          ->group(g),
-      cmd->add_option("--step-timeout-min", o->step_timeout_min_ms,
-                      "floor of a step's deadline, ms (the deadline is 3x the step's expected compute and "
-                      "transfer time; when it passes, a probe extends it if the step is in progress)")
-          ->check(CLI::Range(1, 24 * 3600 * 1000))
-          ->capture_default_str()
-          ->group(g),
-      cmd->add_option("--step-timeout-max", o->step_timeout_max_ms,
-                      "cap of a step's deadline and of the whole wait for one step, ms")
-          ->check(CLI::Range(1, 24 * 3600 * 1000))
-          ->capture_default_str()
-          ->group(g),
-      cmd->add_option("--link", o->link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
-          ->group(g),
-      cmd->add_option("--batch", o->batch, "concurrent identical requests; tokens/s is their aggregate")->group(g),
-      cmd->add_option("--journal", o->journal,
-                      "record the token log, RNG state and sampling parameters to FILE as the run goes")->group(g),
-      cmd->add_option("--resume", o->resume,
-                  "continue the run journaled in FILE: reopens the model and tokenizer it names (-m/-z "
-                  "optional; their digests must match); -n/-t/-p/-s/-i, if given, must agree with it")
-          ->group(g)};
-  auto* d = "Nodes (daemons)";
-  auto* cluster_opt = cmd->add_option("--cluster", o->cluster,
-                                      "node daemons: JSON {\"nodes\": [{\"host\", \"port\", \"profile\", "
-                                      "\"spare\"}]} (see cellshard node)")->group(d);
-  cmd->add_option("--tls-cert", o->tls_cert, "mutual TLS with the nodes: this side's certificate (PEM)")->group(d);
-  cmd->add_option("--tls-key", o->tls_key, "its private key (PEM)")->group(d);
-  cmd->add_option("--tls-ca", o->tls_ca, "the CA that signs every node's certificate (PEM)")->group(d);
-  cmd->callback([o, cmd, cluster_flags, cluster_opt, &status] {
-    for (auto* f : cluster_flags)
-      if (f->count() > 0) o->use_cluster = true;
-    if (o->model.empty() && !o->use_cluster && cluster_opt->count() == 0) o->demo = true;
-    if (cluster_opt->count() > 0) {
-      if (cmd->count("--nodes") + cmd->count("--spares") > 0)
-        throw cli_error("--cluster: the nodes are the file's; drop --nodes/--spares", 2);
-      o->use_cluster = true;
-    } else if (!o->tls_cert.empty() || !o->tls_key.empty() || !o->tls_ca.empty()) {
-      throw cli_error("--tls-cert/--tls-key/--tls-ca secure the connections to node daemons: they need --cluster", 2);
-    }
-    auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
-    if (!tls) throw cli_error(tls.message(), 2);
-    (void)cmd;
+  for (auto* f : {cmd->add_option("--batch", o->batch, "concurrent identical requests; tokens/s is their aggregate"),
+                  cmd->add_option("--journal", o->journal,
+                                  "record the token log, RNG state and sampling parameters to FILE as the run goes"),
+                  cmd->add_option("--resume", o->resume,
+                                  "continue the run journaled in FILE: reopens the model and tokenizer it names (-m/-z "
+                                  "optional; their digests must match); -n/-t/-p/-s/-i, if given, must agree with it")})
+    set.runtime.push_back(f->group(g));
+  cmd->callback([o, cmd, set, &status] {
+    check_cluster_flags(cmd, set, o->cf);
+    if (o->model.empty() && !o->cf.use_cluster) o->demo = true;
     check_run_flags(*o);
     o->steps_given = cmd->count("-n") > 0;
     o->temperature_given = cmd->count("-t") > 0;

@@ -53,7 +53,7 @@ int do_serve(serve_opts o) {
   if (o.tls_cert.empty() != o.tls_key.empty()) throw cli_error("--tls-cert and --tls-key go together (HTTPS)", 2);
 
   apply_kernel_flags(o.cf);
-  loaded_model lm = load_model(o.model, o.tokenizer);
+  loaded_model lm = load_model(o.model, o.tokenizer, false, o.cf.ctx);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
 
   // --processes N: local daemons this process starts (and the page may signal).
