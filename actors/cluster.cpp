@@ -62,6 +62,7 @@ public:
     init.rank = req.placed->rank;
     init.group_size = req.placed->group_size;
     init.checkpoint_every = req.checkpoint_every;
+    init.batch_size = req.batch_size;
     init.restarted = req.restarted;
     init.faults = req.faults;
     init.heartbeat = req.heartbeat;
@@ -262,6 +263,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   rt->ctx = opts.ctx;
   rt->kernels = opts.kernels;
   rt->opts.checkpoint_every = opts.checkpoint_every;
+  rt->opts.batch_size = opts.batch_size;
   rt->opts.max_restarts = opts.max_restarts;
   rt->opts.restart_period = opts.restart_period;
   rt->opts.detector = opts.detector;

@@ -67,6 +67,7 @@ struct cluster_options {
 
   // Supervision (issue #6).
   int checkpoint_every = 16;                          // positions between KV checkpoint deltas
+  int batch_size = 32;  // prompt positions per prefill chunk in a shard (--batch-size)
   uint32_t max_restarts = 3;                          // restart intensity: R restarts ...
   std::chrono::milliseconds restart_period{10000};    // ... in T
   supervision::phi_accrual_config detector;           // heartbeat failure detector

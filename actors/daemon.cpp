@@ -206,6 +206,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   init.rank = s.rank;
   init.group_size = s.group_size;
   init.checkpoint_every = s.checkpoint_every;
+  init.batch_size = s.batch_size;
   init.restarted = s.restarted;
   init.faults = std::move(faults);
   init.heartbeat = s.heartbeat;

@@ -41,6 +41,7 @@ struct shard_request {
   // Runtime hooks of the shard (shard_init): checkpoint interval, fault
   // injection, the node's heartbeat sender, and the coordinator.
   int checkpoint_every = 16;
+  int batch_size = 32;  // shard_init::batch_size
   bool restarted = false;  // shard_init::restarted
   std::shared_ptr<supervision::fault_injector> faults;
   caf::actor heartbeat;

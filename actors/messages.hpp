@@ -410,6 +410,7 @@ struct shard_spawn {
   uint64_t kv_bytes = 0;         // the placement's KV cache and buffer need beyond
   uint64_t buffer_bytes = 0;     // the weights (checked against the node's budget)
   int32_t checkpoint_every = 16;
+  int32_t batch_size = 32;       // shard_init::batch_size
   caf::actor heartbeat;          // shard_init::heartbeat (may be invalid)
   caf::actor coordinator;        // shard_init::coordinator (may be invalid)
   /// Fault plans of this placement index that have not fired yet, in their
@@ -424,7 +425,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
   return f(caf::meta::type_name("shard_spawn"), x.owner, x.index, x.stage, x.rank, x.group_size,
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
            x.ffn_end, x.embedding, x.classifier, x.weights, x.matmul, x.ctx, x.kernels, x.kv_bytes, x.buffer_bytes,
-           x.checkpoint_every, x.heartbeat, x.coordinator, x.faults, x.restarted);
+           x.checkpoint_every, x.batch_size, x.heartbeat, x.coordinator, x.faults, x.restarted);
 }
 
 /// front end -> daemon: send heartbeats for node `peer` to `monitor` (the

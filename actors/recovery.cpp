@@ -582,6 +582,7 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           req.ctx = rt->ctx;
           req.kernels = rt->kernels;
           req.checkpoint_every = rt->opts.checkpoint_every;
+          req.batch_size = rt->opts.batch_size;
           req.restarted = ctx.incarnation > 0;
           req.faults = rt->opts.faults;
           req.heartbeat = node < static_cast<int>(rt->heartbeats.size()) ? rt->heartbeats[node] : caf::actor{};

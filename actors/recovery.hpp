@@ -80,6 +80,7 @@ struct fault_record {
 
 struct recovery_options {
   int checkpoint_every = 16;
+  int batch_size = 32;  // prompt positions per prefill chunk (shard_init::batch_size)
   uint32_t max_restarts = 3;                       // restart intensity R ...
   std::chrono::milliseconds restart_period{10000}; // ... per T
   supervision::phi_accrual_config detector;        // heartbeat detector (defaults: issue #6)

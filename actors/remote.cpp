@@ -369,6 +369,7 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.kv_bytes = p.memory.kv_cache;
   s.buffer_bytes = p.memory.buffers;
   s.checkpoint_every = req.checkpoint_every;
+  s.batch_size = req.batch_size;
   s.restarted = req.restarted;
   s.heartbeat = req.heartbeat;
   s.coordinator = req.coordinator;

@@ -42,6 +42,10 @@ struct shard_init {
   int rank = 0;         // rank within its TP group
   int group_size = 1;
   int checkpoint_every = 16;  // positions between KV checkpoint deltas (0 = none)
+  /// Positions of a step computed together (model::*_partial_batch: each
+  /// weight row read once per chunk); a prefill step of more positions runs
+  /// in chunks of this many. Results do not depend on it (bit-identical).
+  int batch_size = 32;
   bool restarted = false;     // a restart: sessions older than it must restore it first
   std::shared_ptr<supervision::fault_injector> faults;  // may be null
   caf::actor heartbeat;       // the node's heartbeat sender (silenced with the shard)

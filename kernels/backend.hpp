@@ -143,6 +143,24 @@ struct backend {
   /// q8_blocks_per_row(cols) blocks). May be null: callers then use
   /// ref::matvec_q4 (model::matvec does).
   void (*matvec_q4)(float* out, const q4_block* W, const float* x, int rows, int cols) = nullptr;
+
+  // Batched products (prefill, issue #18): the matvec above over n input
+  // vectors, X row-major [n x ldx] (vector j at X + j*ldx, ldx >= cols), out
+  // [n x ldo] (ldo >= rows): out[j*ldo + r] is bit for bit what the matching
+  // matvec slot returns in out[r] for x = X + j*ldx (the same summation order
+  // per row), so a prompt prefilled in chunks gives the ids of one position
+  // at a time. What they save: each weight row is read from memory once per
+  // batch instead of once per vector. Each may be null: model::matmul then
+  // calls the matvec slot n times.
+  void (*matmul)(float* out, int ldo, const float* W, const float* X, int ldx, int n, int rows,
+                 int cols, int ld) = nullptr;
+  void (*matmul_q8)(float* out, int ldo, const q8_block* W, const float* X, int ldx, int n,
+                    int rows, int cols) = nullptr;
+  void (*matmul_q4)(float* out, int ldo, const q4_block* W, const float* X, int ldx, int n,
+                    int rows, int cols) = nullptr;
+  void (*matmul_typed)(float* out, int ldo, const void* W, dtype t, std::size_t row_stride,
+                       const float* X, int ldx, int n, int rows, int cols,
+                       matmul_mode mode) = nullptr;
 };
 
 /// The backend named `name` ("reference", "blas", "spe", ...) or nullptr.

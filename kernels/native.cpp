@@ -458,6 +458,442 @@ CS_AVX512 void quant_q8_avx512(float* out, const B* W, std::size_t stride, const
     out[r] = hsum512(_mm512_add_ps(a0, a1));
   }
 }
+
+// ---------------------------------------------------------------------------
+// Batched row kernels (prefill): one weight row times NX input vectors, each
+// (row, x) pair summed in exactly the order of the single-vector kernel above
+// (same accumulators, same steps, same final adds), so a batched product is
+// bit-identical to NX matvecs. The weight row is loaded once for all NX.
+
+template <int NX>
+CS_AVX2 inline void f32_avx2_mx(const float* w, const float* const* x, float* res, int cols) {
+  __m256 a0[NX], a1[NX], a2[NX], a3[NX];
+  for (int j = 0; j < NX; ++j) a0[j] = a1[j] = a2[j] = a3[j] = _mm256_setzero_ps();
+  int c = static_cast<int>(((32 - (reinterpret_cast<uintptr_t>(w) & 31)) & 31) / 4);
+  if (c > cols) c = cols;
+  if (c > 0) {
+    const __m256i m = tail_mask256(c);
+    const __m256 wv = _mm256_maskload_ps(w, m);
+    for (int j = 0; j < NX; ++j) a3[j] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x[j], m), a3[j]);
+  }
+  for (; c + 32 <= cols; c += 32) {
+    __m256 wv = _mm256_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a0[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c), a0[j]);
+    wv = _mm256_load_ps(w + c + 8);
+    for (int j = 0; j < NX; ++j) a1[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c + 8), a1[j]);
+    wv = _mm256_load_ps(w + c + 16);
+    for (int j = 0; j < NX; ++j) a2[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c + 16), a2[j]);
+    wv = _mm256_load_ps(w + c + 24);
+    for (int j = 0; j < NX; ++j) a3[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c + 24), a3[j]);
+  }
+  if (c + 8 <= cols) {
+    const __m256 wv = _mm256_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a0[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c), a0[j]);
+    c += 8;
+  }
+  if (c + 8 <= cols) {
+    const __m256 wv = _mm256_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a1[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c), a1[j]);
+    c += 8;
+  }
+  if (c + 8 <= cols) {
+    const __m256 wv = _mm256_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a2[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + c), a2[j]);
+    c += 8;
+  }
+  if (c < cols) {
+    const __m256i m = tail_mask256(cols - c);
+    const __m256 wv = _mm256_maskload_ps(w + c, m);
+    for (int j = 0; j < NX; ++j)
+      a3[j] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(x[j] + c, m), a3[j]);
+  }
+  for (int j = 0; j < NX; ++j)
+    res[j] = hsum256(_mm256_add_ps(_mm256_add_ps(a0[j], a1[j]), _mm256_add_ps(a2[j], a3[j])));
+}
+
+// A block's 32 weights as 4 x 8 floats (the conversions of q8/q4_block_dot_avx2).
+CS_AVX2 inline void unpack_avx2(const __m128i lo, const __m128i hi, __m256* q) {
+  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+CS_AVX2 inline void unpack_avx2(const q8_block& b, __m256* q) {
+  unpack_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)),
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)), q);
+}
+CS_AVX2 inline void unpack_avx2(const q4_block& b, __m256* q) {
+  const __m256i v = q4_bytes_avx2(b.qs);
+  unpack_avx2(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1), q);
+}
+CS_AVX2 inline __m256 dot4_avx2(const __m256* q, const float* x, int base, int cols, bool full) {
+  if (full) {
+    __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(x + base));
+    t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + base + 8), t);
+    t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + base + 16), t);
+    return _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + base + 24), t);
+  }
+  __m256 t = _mm256_mul_ps(q[0], load_x8(x, base, cols));
+  t = _mm256_fmadd_ps(q[1], load_x8(x, base + 8, cols), t);
+  t = _mm256_fmadd_ps(q[2], load_x8(x, base + 16, cols), t);
+  return _mm256_fmadd_ps(q[3], load_x8(x, base + 24, cols), t);
+}
+
+template <class B, int NX>
+CS_AVX2 inline void quant_avx2_mx(const B* row, const float* const* x, float* res, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  const int full = cols / 32;
+  __m256 a0[NX], a1[NX];
+  for (int j = 0; j < NX; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+  __m256 q[4];
+  int b = 0;
+  for (; b + 2 <= full; b += 2) {
+    unpack_avx2(row[b], q);
+    __m256 s = load_scale256(row[b].d);
+    for (int j = 0; j < NX; ++j) a0[j] = _mm256_fmadd_ps(s, dot4_avx2(q, x[j], b * 32, cols, true), a0[j]);
+    unpack_avx2(row[b + 1], q);
+    s = load_scale256(row[b + 1].d);
+    for (int j = 0; j < NX; ++j)
+      a1[j] = _mm256_fmadd_ps(s, dot4_avx2(q, x[j], b * 32 + 32, cols, true), a1[j]);
+  }
+  for (; b < nb; ++b) {
+    unpack_avx2(row[b], q);
+    const __m256 s = load_scale256(row[b].d);
+    for (int j = 0; j < NX; ++j) {
+      const __m256 t = dot4_avx2(q, x[j], b * 32, cols, b < full);
+      if (b % 2 == 0) a0[j] = _mm256_fmadd_ps(s, t, a0[j]);
+      else a1[j] = _mm256_fmadd_ps(s, t, a1[j]);
+    }
+  }
+  for (int j = 0; j < NX; ++j) res[j] = hsum256(_mm256_add_ps(a0[j], a1[j]));
+}
+
+template <int NX>
+CS_AVX512 inline void f32_avx512_mx(const float* w, const float* const* x, float* res, int cols) {
+  __m512 a0[NX], a1[NX], a2[NX], a3[NX];
+  for (int j = 0; j < NX; ++j) a0[j] = a1[j] = a2[j] = a3[j] = _mm512_setzero_ps();
+  int c = static_cast<int>(((64 - (reinterpret_cast<uintptr_t>(w) & 63)) & 63) / 4);
+  if (c > cols) c = cols;
+  if (c > 0) {
+    const __mmask16 m = static_cast<__mmask16>((1u << c) - 1u);
+    const __m512 wv = _mm512_maskz_loadu_ps(m, w);
+    for (int j = 0; j < NX; ++j) a3[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x[j]), a3[j]);
+  }
+  for (; c + 64 <= cols; c += 64) {
+    __m512 wv = _mm512_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a0[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c), a0[j]);
+    wv = _mm512_load_ps(w + c + 16);
+    for (int j = 0; j < NX; ++j) a1[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
+    wv = _mm512_load_ps(w + c + 32);
+    for (int j = 0; j < NX; ++j) a2[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c + 32), a2[j]);
+    wv = _mm512_load_ps(w + c + 48);
+    for (int j = 0; j < NX; ++j) a3[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c + 48), a3[j]);
+  }
+  if (c + 16 <= cols) {
+    const __m512 wv = _mm512_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a0[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c), a0[j]);
+    c += 16;
+  }
+  if (c + 16 <= cols) {
+    const __m512 wv = _mm512_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a1[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c), a1[j]);
+    c += 16;
+  }
+  if (c + 16 <= cols) {
+    const __m512 wv = _mm512_load_ps(w + c);
+    for (int j = 0; j < NX; ++j) a2[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[j] + c), a2[j]);
+    c += 16;
+  }
+  if (c < cols) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (cols - c)) - 1u);
+    const __m512 wv = _mm512_maskz_loadu_ps(m, w + c);
+    for (int j = 0; j < NX; ++j)
+      a3[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x[j] + c), a3[j]);
+  }
+  for (int j = 0; j < NX; ++j)
+    res[j] = hsum512(_mm512_add_ps(_mm512_add_ps(a0[j], a1[j]), _mm512_add_ps(a2[j], a3[j])));
+}
+
+template <class B>
+CS_AVX512 inline void unpack_avx512(const B& blk, __m512& q0, __m512& q1) {
+  const __m256i q = w_bytes_avx512(blk);
+  q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+  q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+}
+// i8x32_dot_f32_avx512 on already converted weights.
+CS_AVX512 inline __m512 dot2_avx512(__m512 q0, __m512 q1, const float* x, int base, int cols,
+                                    bool full) {
+  if (full)
+    return _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + base + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(x + base)));
+  return _mm512_fmadd_ps(q1, load_x16(x, base + 16, cols), _mm512_mul_ps(q0, load_x16(x, base, cols)));
+}
+
+template <class B, int NX>
+CS_AVX512 inline void quant_avx512_mx(const B* row, const float* const* x, float* res, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  const int full = cols / 32;
+  __m512 a0[NX], a1[NX];
+  for (int j = 0; j < NX; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+  __m512 q0, q1;
+  int b = 0;
+  for (; b + 2 <= full; b += 2) {
+    unpack_avx512(row[b], q0, q1);
+    __m512 s = _mm512_set1_ps(_cvtsh_ss(row[b].d));
+    for (int j = 0; j < NX; ++j) a0[j] = _mm512_fmadd_ps(s, dot2_avx512(q0, q1, x[j], b * 32, cols, true), a0[j]);
+    unpack_avx512(row[b + 1], q0, q1);
+    s = _mm512_set1_ps(_cvtsh_ss(row[b + 1].d));
+    for (int j = 0; j < NX; ++j)
+      a1[j] = _mm512_fmadd_ps(s, dot2_avx512(q0, q1, x[j], b * 32 + 32, cols, true), a1[j]);
+  }
+  for (; b < nb; ++b) {
+    unpack_avx512(row[b], q0, q1);
+    const __m512 s = _mm512_set1_ps(_cvtsh_ss(row[b].d));
+    for (int j = 0; j < NX; ++j) {
+      const __m512 t = dot2_avx512(q0, q1, x[j], b * 32, cols, b < full);
+      if (b % 2 == 0) a0[j] = _mm512_fmadd_ps(s, t, a0[j]);
+      else a1[j] = _mm512_fmadd_ps(s, t, a1[j]);
+    }
+  }
+  for (int j = 0; j < NX; ++j) res[j] = hsum512(_mm512_add_ps(a0[j], a1[j]));
+}
+
+// ---------------------------------------------------------------------------
+// Typed rows on AVX2 (also used at the AVX-512 level): f16, bf16, q4_K and
+// q6_K. Exact precision: the row's values in f32 times x in f32, a fixed
+// order per row (as f32: 4 accumulators over 32-column steps). ggml
+// precision: f16/bf16 with x rounded to the weight's type first, then the
+// same; q4_K/q6_K as integer dot products per sub-block with x quantized to
+// q8_K blocks (ref::quantize_row_q8_k): the integer sums are the
+// reference's exactly, the per-block float arithmetic is written in ggml's
+// (and ref::matvec_typed's) order, though the compiler may fuse a multiply
+// and add here (FMA) where the reference build cannot: equal to rounding.
+
+// 8 halves (f16 or bf16) at p as 8 floats.
+CS_AVX2 inline __m256 load8_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+CS_AVX2 inline __m256 load8_bf16(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+template <bool BF16>
+CS_AVX2 inline __m256 load8_half(const uint16_t* p) {
+  if constexpr (BF16) return load8_bf16(p);
+  else return load8_f16(p);
+}
+
+template <bool BF16>
+CS_AVX2 void half_avx2(float* out, const uint8_t* W, std::size_t stride, const float* x, int rows,
+                       int cols) {
+  for (int r = 0; r < rows; ++r) {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(W + r * stride);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+      a0 = _mm256_fmadd_ps(load8_half<BF16>(w + c), _mm256_loadu_ps(x + c), a0);
+      a1 = _mm256_fmadd_ps(load8_half<BF16>(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+      a2 = _mm256_fmadd_ps(load8_half<BF16>(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+      a3 = _mm256_fmadd_ps(load8_half<BF16>(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    for (; c + 8 <= cols; c += 8)
+      a0 = _mm256_fmadd_ps(load8_half<BF16>(w + c), _mm256_loadu_ps(x + c), a0);
+    if (c < cols) {  // a tail of 1..7: through a zero-padded copy
+      uint16_t tw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      std::memcpy(tw, w + c, (cols - c) * sizeof(uint16_t));
+      const __m256i m = tail_mask256(cols - c);
+      a3 = _mm256_fmadd_ps(load8_half<BF16>(tw), _mm256_maskload_ps(x + c, m), a3);
+    }
+    out[r] = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
+// 6-bit scale and min of q4_K sub-block j (ggml's get_scale_min_k4).
+inline void q4k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+CS_AVX2 inline int hsum_i32x8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+CS_AVX2 inline int hsum_i32x4(__m128i s) {
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 unsigned bytes (< 128) times 32 signed bytes, summed to one int.
+CS_AVX2 inline int u8s8_dot32(__m256i u, __m256i s) {
+  return hsum_i32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+// 32 bytes as 4 x 8 floats (unsigned when U, else signed).
+template <bool U>
+CS_AVX2 inline void bytes_to_f32(__m256i v, __m256* q) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  if constexpr (U) {
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  } else {
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  }
+}
+
+// q4_K, exact: per sub-block of 32, acc += (d*sc) * (q . x); the mins term
+// -(dmin*m) * sum(x of the sub-block) summed separately (xsum precomputed
+// per call: sub-block sums of x); out = hsum(acc) - mins.
+CS_AVX2 void q4k_exact_avx2(float* out, const uint8_t* W, std::size_t stride, const float* x,
+                            const float* xsum, int rows, int cols) {
+  const int nb = cols / qk_k;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int r = 0; r < rows; ++r) {
+    const block_q4_k* blk = reinterpret_cast<const block_q4_k*>(W + r * stride);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const float d = _cvtsh_ss(blk[b].d), dmin = _cvtsh_ss(blk[b].dmin);
+      const float* xb = x + b * qk_k;
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[b].qs + 32 * j));
+        const __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+        for (int h = 0; h < 2; ++h) {
+          const int sb = 2 * j + h;
+          int sc, m;
+          q4k_scale_min(sb, blk[b].scales, &sc, &m);
+          __m256 q[4];
+          bytes_to_f32<true>(nib[h], q);
+          const float* xs = xb + 32 * sb;
+          __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xs));
+          t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xs + 8), t);
+          t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xs + 16), t);
+          t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xs + 24), t);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc)), t, acc);
+          mins += dmin * static_cast<float>(m) * xsum[b * 8 + sb];
+        }
+      }
+    }
+    out[r] = hsum256(acc) - mins;
+  }
+}
+
+// q4_K, ggml: integer dots against q8_K activations, ggml's arithmetic.
+CS_AVX2 void q4k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, const block_q8_k* y,
+                           int rows, int cols) {
+  const int nb = cols / qk_k;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int r = 0; r < rows; ++r) {
+    const block_q4_k* blk = reinterpret_cast<const block_q4_k*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      int sums = 0, mins = 0;
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[b].qs + 32 * j));
+        const __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+        for (int h = 0; h < 2; ++h) {
+          const int sb = 2 * j + h;
+          int sc, m;
+          q4k_scale_min(sb, blk[b].scales, &sc, &m);
+          const __m256i ys = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 32 * sb));
+          sums += sc * u8s8_dot32(nib[h], ys);
+          mins += m * (y[b].bsums[2 * sb] + y[b].bsums[2 * sb + 1]);
+        }
+      }
+      const float d = _cvtsh_ss(blk[b].d) * y[b].d;
+      const float dmin = _cvtsh_ss(blk[b].dmin) * y[b].d;
+      sum += d * static_cast<float>(sums) - dmin * static_cast<float>(mins);
+    }
+    out[r] = sum;
+  }
+}
+
+// The 4 groups of 32 6-bit values of half h of a q6_K block, as signed bytes
+// (q - 32): group g holds elements 128h + 32g + l, l in [0, 32).
+CS_AVX2 inline void q6k_groups(const block_q6_k& b, int h, __m256i* g) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+  const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h));
+  const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h + 32));
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h));
+  const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
+  const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4);
+  const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4);
+  const __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4);
+  g[0] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(qa, m4), h0), k32);
+  g[1] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(qb, m4), h1), k32);
+  g[2] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), h2), k32);
+  g[3] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), h3), k32);
+}
+
+CS_AVX2 void q6k_exact_avx2(float* out, const uint8_t* W, std::size_t stride, const float* x, int rows,
+                            int cols) {
+  const int nb = cols / qk_k;
+  for (int r = 0; r < rows; ++r) {
+    const block_q6_k* blk = reinterpret_cast<const block_q6_k*>(W + r * stride);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const float d = _cvtsh_ss(blk[b].d);
+      for (int h = 0; h < 2; ++h) {
+        __m256i g[4];
+        q6k_groups(blk[b], h, g);
+        for (int k = 0; k < 4; ++k) {
+          const int e0 = 128 * h + 32 * k, sb = e0 / 16;
+          const float* xs = x + b * qk_k + e0;
+          __m256 q[4];
+          bytes_to_f32<false>(g[k], q);
+          const __m256 t0 = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xs + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xs)));
+          const __m256 t1 =
+              _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xs + 24), _mm256_mul_ps(q[2], _mm256_loadu_ps(xs + 16)));
+          a0 = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(blk[b].scales[sb])), t0, a0);
+          a1 = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(blk[b].scales[sb + 1])), t1, a1);
+        }
+      }
+    }
+    out[r] = hsum256(_mm256_add_ps(a0, a1));
+  }
+}
+
+CS_AVX2 void q6k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, const block_q8_k* y, int rows,
+                           int cols) {
+  const int nb = cols / qk_k;
+  for (int r = 0; r < rows; ++r) {
+    const block_q6_k* blk = reinterpret_cast<const block_q6_k*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      int isum = 0;
+      for (int h = 0; h < 2; ++h) {
+        __m256i g[4];
+        q6k_groups(blk[b], h, g);
+        for (int k = 0; k < 4; ++k) {
+          const int e0 = 128 * h + 32 * k, sb = e0 / 16;
+          const __m256i ys = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + e0));
+          // |w| (<= 32) times y with w's sign: 16-bit pair sums, then 32-bit.
+          const __m256i p = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(_mm256_sign_epi8(g[k], g[k]), _mm256_sign_epi8(ys, g[k])),
+              _mm256_set1_epi16(1));
+          const int d0 = hsum_i32x4(_mm256_castsi256_si128(p));       // elements e0 .. e0+15
+          const int d1 = hsum_i32x4(_mm256_extracti128_si256(p, 1));  // e0+16 .. e0+31
+          isum += blk[b].scales[sb] * d0;
+          isum += blk[b].scales[sb + 1] * d1;
+        }
+      }
+      sum += _cvtsh_ss(blk[b].d) * y[b].d * static_cast<float>(isum);
+    }
+    out[r] = sum;
+  }
+}
 #endif  // CS_X86
 
 #if CS_NEON
@@ -725,6 +1161,54 @@ void quant_matvec(float* out, const B* W, const float* x, int rows, int cols) {
   split_rows(rows, row_bytes, k);
 }
 
+// Rows of a type without a kernel of its own here (f16, bf16, K-quants):
+// the reference loops. One function for matvec_typed and matmul_typed.
+void typed_rows(float* out, const uint8_t* W, dtype t, std::size_t stride, const float* x, int rows,
+                int cols, matmul_mode mode) {
+#if CS_X86
+  const isa lv = active_isa();
+  if ((lv == isa::avx2 || lv == isa::avx512) && rows > 0) {
+    const bool ggml = mode == matmul_mode::ggml;
+    thread_local std::vector<float> xr;
+    thread_local std::vector<block_q8_k> xk;
+    switch (t) {
+      case dtype::f16:
+      case dtype::bf16: {
+        const bool bf = t == dtype::bf16;
+        const float* xp = x;
+        if (ggml) {  // x rounded to the weight's 16-bit type first
+          xr.resize(cols);
+          for (int c = 0; c < cols; ++c)
+            xr[c] = bf ? bf16_to_fp32(fp32_to_bf16(x[c])) : fp16_to_fp32(fp32_to_fp16(x[c]));
+          xp = xr.data();
+        }
+        if (bf) half_avx2<true>(out, W, stride, xp, rows, cols);
+        else half_avx2<false>(out, W, stride, xp, rows, cols);
+        return;
+      }
+      case dtype::q4_k:
+      case dtype::q6_k:
+        if (ggml) {
+          xk.resize(cols / qk_k);
+          quantize_row_q8_k(x, xk.data(), cols);
+          if (t == dtype::q4_k) q4k_ggml_avx2(out, W, stride, xk.data(), rows, cols);
+          else q6k_ggml_avx2(out, W, stride, xk.data(), rows, cols);
+        } else if (t == dtype::q4_k) {
+          xr.assign(cols / 32, 0.0f);  // sums of x over each 32-element sub-block
+          for (int i = 0; i < cols / 32; ++i)
+            for (int l = 0; l < 32; ++l) xr[i] += x[32 * i + l];
+          q4k_exact_avx2(out, W, stride, x, xr.data(), rows, cols);
+        } else {
+          q6k_exact_avx2(out, W, stride, x, rows, cols);
+        }
+        return;
+      default: break;
+    }
+  }
+#endif
+  ref::matvec_typed(out, W, t, stride, x, rows, cols, mode);
+}
+
 bool native_supports(op o) {
   return o == op::matvec || o == op::matvec_q8 || o == op::matvec_q4 || o == op::attention ||
          o == op::matvec_typed;
@@ -854,11 +1338,11 @@ void matvec_typed(float* out, const void* W, dtype t, std::size_t row_stride, co
     case dtype::q4_0:  // block_q4_0 and q4_block are the same 18-byte layout
       quant_matvec_strided(out, static_cast<const q4_block*>(W), row_stride, x, rows, cols, integer);
       return;
-    default: {  // other types: the reference loops, rows split over the pool
+    default: {  // other types: typed_rows, rows split over the pool
       const uint8_t* base = static_cast<const uint8_t*>(W);
       auto k = [&](int b, int e) {
-        ref::matvec_typed(out + b, base + static_cast<std::size_t>(b) * row_stride, t, row_stride, x,
-                          e - b, cols, mode);
+        typed_rows(out + b, base + static_cast<std::size_t>(b) * row_stride, t, row_stride, x, e - b,
+                   cols, mode);
       };
       split_rows(rows, row_stride, k);
     }
@@ -891,13 +1375,209 @@ void matvec_q4(float* out, const q4_block* W, const float* x, int rows, int cols
   quant_matvec(out, W, x, rows, cols);
 }
 
+// ---------------------------------------------------------------------------
+// Batched products (prefill). Rows are split over the pool as for matvec;
+// within a thread's rows, a tile of about 16 KiB of weights stays in L1 while
+// every input vector passes over it, so each weight row comes from memory
+// once per batch. Every (row, vector) result is the matvec kernel's, bit for
+// bit: the AVX2/AVX-512 kernels run the same steps per vector (the *_mx
+// kernels above), every other path calls the matvec row kernel itself.
+
+namespace {
+
+int tile_rows(std::size_t row_bytes) {
+  return static_cast<int>(std::max<std::size_t>(1, 16384 / std::max<std::size_t>(1, row_bytes)));
+}
+
+// Tiles of [r0, r1), each times every vector: rows_fn(out_j, x_j, t0, t1)
+// writes out_j[r] for r in [t0, t1).
+template <class RowsFn>
+void tiled(float* out, int ldo, const float* X, int ldx, int n, int r0, int r1,
+           std::size_t row_bytes, RowsFn&& rows_fn) {
+  const int T = tile_rows(row_bytes);
+  for (int t0 = r0; t0 < r1; t0 += T) {
+    const int t1 = std::min(r1, t0 + T);
+    for (int j = 0; j < n; ++j)
+      rows_fn(out + static_cast<std::size_t>(j) * ldo, X + static_cast<std::size_t>(j) * ldx, t0, t1);
+  }
+}
+
+// Tiles of [r0, r1) with NX vectors per weight-row pass: k.template
+// run<NX>(r, xs, res) computes res[i] = row r times xs[i].
+template <int NX, class K>
+void tiled_mx(const K& k, float* out, int ldo, const float* X, int ldx, int n, int r0, int r1,
+              std::size_t row_bytes) {
+  const int T = tile_rows(row_bytes);
+  for (int t0 = r0; t0 < r1; t0 += T) {
+    const int t1 = std::min(r1, t0 + T);
+    int j = 0;
+    for (; j + NX <= n; j += NX) {
+      const float* xs[NX];
+      for (int i = 0; i < NX; ++i) xs[i] = X + static_cast<std::size_t>(j + i) * ldx;
+      for (int r = t0; r < t1; ++r) {
+        float res[NX];
+        k.template run<NX>(r, xs, res);
+        for (int i = 0; i < NX; ++i) out[static_cast<std::size_t>(j + i) * ldo + r] = res[i];
+      }
+    }
+    for (; j < n; ++j) {
+      const float* xs[1] = {X + static_cast<std::size_t>(j) * ldx};
+      for (int r = t0; r < t1; ++r) {
+        float res[1];
+        k.template run<1>(r, xs, res);
+        out[static_cast<std::size_t>(j) * ldo + r] = res[0];
+      }
+    }
+  }
+}
+
+#if CS_X86
+struct f32_avx2_k {
+  const float* W;
+  int ld, cols;
+  template <int NX>
+  void run(int r, const float* const* xs, float* res) const {
+    f32_avx2_mx<NX>(W + static_cast<std::size_t>(r) * ld, xs, res, cols);
+  }
+};
+struct f32_avx512_k {
+  const float* W;
+  int ld, cols;
+  template <int NX>
+  void run(int r, const float* const* xs, float* res) const {
+    f32_avx512_mx<NX>(W + static_cast<std::size_t>(r) * ld, xs, res, cols);
+  }
+};
+template <class B>
+struct quant_avx2_k {
+  const B* W;
+  std::size_t stride;
+  int cols;
+  template <int NX>
+  void run(int r, const float* const* xs, float* res) const {
+    quant_avx2_mx<B, NX>(reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride), xs,
+                         res, cols);
+  }
+};
+template <class B>
+struct quant_avx512_k {
+  const B* W;
+  std::size_t stride;
+  int cols;
+  template <int NX>
+  void run(int r, const float* const* xs, float* res) const {
+    quant_avx512_mx<B, NX>(reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride),
+                           xs, res, cols);
+  }
+};
+#endif
+
+template <class B>
+void quant_matmul(float* out, int ldo, const B* W, std::size_t stride, const float* X, int ldx,
+                  int n, int rows, int cols, bool integer) {
+  if (integer) {  // each vector quantized once, then the matvec's integer rows
+    const int nb = q8_blocks_per_row(cols);
+    std::vector<q8_block> xq(static_cast<std::size_t>(n) * nb);
+    for (int j = 0; j < n; ++j)
+      quantize_activations_q8(X + static_cast<std::size_t>(j) * ldx, &xq[static_cast<std::size_t>(j) * nb],
+                              cols);
+    auto k = [&](int b, int e) {
+      const int T = tile_rows(stride);
+      for (int t0 = b; t0 < e; t0 += T)
+        for (int j = 0; j < n; ++j)
+          rows_int(out + static_cast<std::size_t>(j) * ldo, W, stride, &xq[static_cast<std::size_t>(j) * nb],
+                   t0, std::min(e, t0 + T), cols);
+    };
+    split_rows(rows, stride, k);
+    return;
+  }
+  auto k = [&](int b, int e) {
+    switch (active_isa()) {
+#if CS_X86
+      case isa::avx512:
+        return tiled_mx<4>(quant_avx512_k<B>{W, stride, cols}, out, ldo, X, ldx, n, b, e, stride);
+      case isa::avx2:
+        return tiled_mx<3>(quant_avx2_k<B>{W, stride, cols}, out, ldo, X, ldx, n, b, e, stride);
+#endif
+      default:
+        return tiled(out, ldo, X, ldx, n, b, e, stride, [&](float* o, const float* x, int t0, int t1) {
+          rows_exact(o, W, stride, x, t0, t1, cols);
+        });
+    }
+  };
+  split_rows(rows, stride, k);
+}
+
+}  // namespace
+
+void matmul_f32(float* out, int ldo, const float* W, const float* X, int ldx, int n, int rows,
+                int cols, int ld) {
+  const std::size_t row_bytes = static_cast<std::size_t>(cols) * sizeof(float);
+  auto k = [&](int b, int e) {
+    switch (active_isa()) {
+#if CS_X86
+      case isa::avx512:
+        return tiled_mx<4>(f32_avx512_k{W, ld, cols}, out, ldo, X, ldx, n, b, e, row_bytes);
+      case isa::avx2:
+        return tiled_mx<3>(f32_avx2_k{W, ld, cols}, out, ldo, X, ldx, n, b, e, row_bytes);
+#endif
+      default:
+        return tiled(out, ldo, X, ldx, n, b, e, row_bytes, [&](float* o, const float* x, int t0, int t1) {
+          matvec_f32_rows(o, W, x, t0, t1, cols, ld);
+        });
+    }
+  };
+  split_rows(rows, row_bytes, k);
+}
+
+void matmul_q8(float* out, int ldo, const q8_block* W, const float* X, int ldx, int n, int rows,
+               int cols) {
+  quant_matmul(out, ldo, W, q8_blocks_per_row(cols) * sizeof(q8_block), X, ldx, n, rows, cols,
+               use_integer_path());
+}
+
+void matmul_q4(float* out, int ldo, const q4_block* W, const float* X, int ldx, int n, int rows,
+               int cols) {
+  quant_matmul(out, ldo, W, q8_blocks_per_row(cols) * sizeof(q4_block), X, ldx, n, rows, cols,
+               use_integer_path());
+}
+
+void matmul_typed(float* out, int ldo, const void* W, dtype t, std::size_t row_stride,
+                  const float* X, int ldx, int n, int rows, int cols, matmul_mode mode) {
+  const bool integer = mode == matmul_mode::ggml;
+  switch (t) {
+    case dtype::f32:
+      matmul_f32(out, ldo, static_cast<const float*>(W), X, ldx, n, rows, cols,
+                 static_cast<int>(row_stride / sizeof(float)));
+      return;
+    case dtype::q8_0:
+      quant_matmul(out, ldo, static_cast<const q8_block*>(W), row_stride, X, ldx, n, rows, cols, integer);
+      return;
+    case dtype::q4_0:
+      quant_matmul(out, ldo, static_cast<const q4_block*>(W), row_stride, X, ldx, n, rows, cols, integer);
+      return;
+    default: {  // the matvec's per-type path (matvec_typed above), tile by tile
+      const uint8_t* base = static_cast<const uint8_t*>(W);
+      auto k = [&](int b, int e) {
+        tiled(out, ldo, X, ldx, n, b, e, row_stride, [&](float* o, const float* x, int t0, int t1) {
+          typed_rows(o + t0, base + static_cast<std::size_t>(t0) * row_stride, t, row_stride, x, t1 - t0,
+                     cols, mode);
+        });
+      };
+      split_rows(rows, row_stride, k);
+    }
+  }
+}
+
 }  // namespace native
 
 const backend& native_backend() {
   static const backend b{"native",       native::matvec_f32, native::matvec_q8,
                          ref::rmsnorm,   ref::rope,          ref::softmax,
                          native::attention, ref::swiglu,     native::native_supports,
-                         native::matvec_typed, native::matvec_q4};
+                         native::matvec_typed, native::matvec_q4,
+                         native::matmul_f32, native::matmul_q8,
+                         native::matmul_q4,  native::matmul_typed};
   return b;
 }
 

@@ -91,6 +91,19 @@ void matvec_q4(float* out, const q4_block* W, const float* x, int rows, int cols
 /// over the pool either way.
 void matvec_typed(float* out, const void* W, dtype t, std::size_t row_stride, const float* x,
                   int rows, int cols, matmul_mode mode);
+/// The batched slots (backend::matmul*): every (row, vector) result is the
+/// matvec's above bit for bit, on every level and precision; AVX2 and
+/// AVX-512 pass 3 resp. 4 vectors over each weight row in registers, the
+/// other paths call the matvec row kernels tile by tile (~16 KiB of weights
+/// per tile); rows split over the pool as matvec.
+void matmul_f32(float* out, int ldo, const float* W, const float* X, int ldx, int n, int rows,
+                int cols, int ld);
+void matmul_q8(float* out, int ldo, const q8_block* W, const float* X, int ldx, int n, int rows,
+               int cols);
+void matmul_q4(float* out, int ldo, const q4_block* W, const float* X, int ldx, int n, int rows,
+               int cols);
+void matmul_typed(float* out, int ldo, const void* W, dtype t, std::size_t row_stride,
+                  const float* X, int ldx, int n, int rows, int cols, matmul_mode mode);
 /// backend::attention with vector dot products and updates, heads split
 /// over the pool; softmax is reference's.
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache, float* att,

@@ -1,5 +1,6 @@
 #include "model/generate.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <sstream>
@@ -25,7 +26,8 @@ result<std::vector<int>> prompt_ids(const tokenizer& tok, const generation_param
 
 result<generation_result> generate(const forward_fn& forward, const tokenizer& tok,
                                    int vocab_size, const generation_params& params,
-                                   const piece_fn& on_piece, const logits_fn& on_logits) {
+                                   const piece_fn& on_piece, const logits_fn& on_logits,
+                                   const prefill_fn& prefill) {
   using clock = std::chrono::steady_clock;
   generation_result out;
   auto encoded = prompt_ids(tok, params);
@@ -41,8 +43,22 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
   int token = prompt[0];
   out.ids.push_back(token);
   int pos = 0;
+  // Positions [1, batched_end) come from one prefill call (their logits are
+  // not looked at except the last one's, which samples when it ends the prompt).
+  const int batched_end =
+      prefill && !on_logits ? std::min(static_cast<int>(prompt.size()), params.steps) : 0;
+  const float* prefilled = nullptr;
   while (pos < params.steps) {
-    auto l = forward(token, pos);
+    result<const float*> l = prefilled;
+    if (pos >= 1 && pos < batched_end) {
+      if (!prefilled) {
+        l = prefill(prompt.data() + 1, batched_end - 1, 1);
+        if (!l) return l.err();
+        prefilled = *l;
+      }
+    } else {
+      l = forward(token, pos);
+    }
     if (!l) return l.err();
     if (on_logits) on_logits(pos, *l);
     int next;

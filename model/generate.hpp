@@ -56,9 +56,19 @@ using logits_fn = std::function<void(int pos, const float* logits)>;
 /// model without BOS and an empty prompt): there is no first token to feed.
 result<std::vector<int>> prompt_ids(const tokenizer& tok, const generation_params& params);
 
+/// prefill(tokens, n, pos0) feeds positions [pos0, pos0 + n) at once (e.g.
+/// engine::prefill, in chunks) and returns the logits [vocab] of the last.
+using prefill_fn = std::function<result<const float*>(const int* tokens, int n, int pos0)>;
+
+/// With `prefill` set and no `on_logits`, the prompt's positions after the
+/// first are fed by one prefill call (position 0 still goes through forward,
+/// so tokens_per_s keeps run.c's definition: its clock starts after the first
+/// forward pass). The ids are the same as without it when prefill is
+/// bit-identical to forward (engine::prefill is).
 result<generation_result> generate(const forward_fn& forward, const tokenizer& tok,
                                    int vocab_size, const generation_params& params,
-                                   const piece_fn& on_piece, const logits_fn& on_logits = {});
+                                   const piece_fn& on_piece, const logits_fn& on_logits = {},
+                                   const prefill_fn& prefill = {});
 
 /// "1,2,3\n": the fixtures' .ids format.
 std::string format_ids(const std::vector<int>& ids);

@@ -2,6 +2,7 @@
 
 #include "kernels/reference.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -57,6 +58,22 @@ void matvec(const kernels::backend& be, float* out, const matrix& m, const float
   else if (m.q8) be.matvec_q8(out, m.q8, x, m.rows, m.cols);
   else if (m.q4) (be.matvec_q4 ? be.matvec_q4 : kernels::ref::matvec_q4)(out, m.q4, x, m.rows, m.cols);
   else be.matvec(out, m.f32, x, m.rows, m.cols, m.ld);
+}
+
+void matmul(const kernels::backend& be, float* out, int ldo, const matrix& m, const float* X,
+            int ldx, int n, kernels::matmul_mode mode) {
+  if (m.data && be.matmul_typed) {
+    be.matmul_typed(out, ldo, m.data, m.type, m.stride, X, ldx, n, m.rows, m.cols, mode);
+  } else if (m.q8 && be.matmul_q8) {
+    be.matmul_q8(out, ldo, m.q8, X, ldx, n, m.rows, m.cols);
+  } else if (m.q4 && be.matmul_q4 && be.matvec_q4) {
+    be.matmul_q4(out, ldo, m.q4, X, ldx, n, m.rows, m.cols);
+  } else if (m.f32 && be.matmul) {
+    be.matmul(out, ldo, m.f32, X, ldx, n, m.rows, m.cols, m.ld);
+  } else {
+    for (int j = 0; j < n; ++j)
+      matvec(be, out + static_cast<size_t>(j) * ldo, m, X + static_cast<size_t>(j) * ldx, mode);
+  }
 }
 
 result<std::shared_ptr<const shard_weights>> shard_weights::make(
@@ -369,6 +386,20 @@ scratch::scratch(const shard_weights& w) {
   hb.resize(w.spec().ffn_units());
   hb2.resize(w.spec().ffn_units());
   partial.resize(c.dim);
+  dim_ = c.dim;
+  nq_ = nq;
+  units_ = w.spec().ffn_units();
+}
+
+void scratch::batch(int n) {
+  const size_t N = static_cast<size_t>(n);
+  if (xb_n.size() >= N * dim_) return;
+  xb_n.resize(N * dim_);
+  partial_n.resize(N * dim_);
+  q_n.resize(N * nq_);
+  attn_n.resize(N * nq_);
+  hb_n.resize(N * units_);
+  hb2_n.resize(N * units_);
 }
 
 void attention_partial(const kernels::backend& be, const shard_weights& w, int l,
@@ -399,6 +430,58 @@ void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, cons
   matvec(be, partial, L.w2, s.hb.data(), w.matmul());
 }
 
+void attention_partial_batch(const kernels::backend& be, const shard_weights& w, int l,
+                             const float* x, int pos0, int n, kv_cache& kv, scratch& s,
+                             float* partial) {
+  const config& c = w.cfg();
+  const auto& L = w.at(l);
+  const int li = l - w.spec().layer_begin;
+  const int dim = c.dim, nq = L.wq.rows, nk = L.wk.rows, kvd = kv.kv_dim();
+  s.batch(n);
+  for (int i = 0; i < n; ++i)
+    be.rmsnorm(s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_att,
+               dim);
+  matmul(be, s.q_n.data(), nq, L.wq, s.xb_n.data(), dim, n, w.matmul());
+  matmul(be, kv.key(li, pos0), kvd, L.wk, s.xb_n.data(), dim, n, w.matmul());
+  matmul(be, kv.value(li, pos0), kvd, L.wv, s.xb_n.data(), dim, n, w.matmul());
+  for (int i = 0; i < n; ++i) {
+    float* q = s.q_n.data() + static_cast<size_t>(i) * nq;
+    be.rope(q, nq, kv.key(li, pos0 + i), nk, pos0 + i, c.head_size());
+    be.attention(s.attn_n.data() + static_cast<size_t>(i) * nq, q, kv.key(li, 0), kv.value(li, 0),
+                 s.att.data(), w.n_heads_local(), c.kv_mul(), c.head_size(), kvd, pos0 + i);
+  }
+  matmul(be, partial, dim, L.wo, s.attn_n.data(), nq, n, w.matmul());
+}
+
+void ffn_partial_batch(const kernels::backend& be, const shard_weights& w, int l, const float* x,
+                       int n, scratch& s, float* partial) {
+  const config& c = w.cfg();
+  const auto& L = w.at(l);
+  const int dim = c.dim, u = L.w1.rows;
+  s.batch(n);
+  for (int i = 0; i < n; ++i)
+    be.rmsnorm(s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_ffn,
+               dim);
+  matmul(be, s.hb_n.data(), u, L.w1, s.xb_n.data(), dim, n, w.matmul());
+  matmul(be, s.hb2_n.data(), u, L.w3, s.xb_n.data(), dim, n, w.matmul());
+  for (int i = 0; i < n; ++i)
+    be.swiglu(s.hb_n.data() + static_cast<size_t>(i) * u, s.hb2_n.data() + static_cast<size_t>(i) * u, u);
+  matmul(be, partial, dim, L.w2, s.hb_n.data(), u, n, w.matmul());
+}
+
+void stage_forward_batch(const kernels::backend& be, const shard_weights& w, float* x, int pos0,
+                         int n, kv_cache& kv, scratch& s) {
+  const size_t total = static_cast<size_t>(n) * w.cfg().dim;
+  s.batch(n);
+  float* partial = s.partial_n.data();
+  for (int l = w.spec().layer_begin; l < w.spec().layer_end; ++l) {
+    attention_partial_batch(be, w, l, x, pos0, n, kv, s, partial);
+    for (size_t i = 0; i < total; ++i) x[i] += partial[i];
+    ffn_partial_batch(be, w, l, x, n, s, partial);
+    for (size_t i = 0; i < total; ++i) x[i] += partial[i];
+  }
+}
+
 void stage_forward(const kernels::backend& be, const shard_weights& w, float* x, int pos,
                    kv_cache& kv, scratch& s) {
   const int dim = w.cfg().dim;
@@ -425,6 +508,30 @@ const float* engine::forward(int token, int pos) {
   w_->embed(token, x_.data());
   stage_forward(*be_, *w_, x_.data(), pos, kv_, s_);
   classify(*be_, *w_, x_.data(), logits_.data());
+  return logits_.data();
+}
+
+const float* engine::prefill(const int* tokens, int n, int pos0, float* all_logits) {
+  const int dim = w_->cfg().dim, vocab = w_->cfg().vocab_size;
+  const int B = std::min(batch_size_, n);
+  if (xn_.size() < static_cast<size_t>(B) * dim) xn_.resize(static_cast<size_t>(B) * dim);
+  for (int i0 = 0; i0 < n; i0 += B) {
+    const int m = std::min(B, n - i0);
+    for (int i = 0; i < m; ++i) w_->embed(tokens[i0 + i], xn_.data() + static_cast<size_t>(i) * dim);
+    stage_forward_batch(*be_, *w_, xn_.data(), pos0 + i0, m, kv_, s_);
+    if (all_logits) {
+      for (int i = 0; i < m; ++i) {
+        float* xi = xn_.data() + static_cast<size_t>(i) * dim;
+        be_->rmsnorm(xi, xi, w_->rms_final(), dim);
+      }
+      matmul(*be_, all_logits + static_cast<size_t>(i0) * vocab, vocab, w_->classifier(), xn_.data(), dim,
+             m, w_->matmul());
+      if (i0 + m == n)
+        std::memcpy(logits_.data(), all_logits + static_cast<size_t>(n - 1) * vocab, vocab * sizeof(float));
+    } else if (i0 + m == n) {
+      classify(*be_, *w_, xn_.data() + static_cast<size_t>(m - 1) * dim, logits_.data());
+    }
+  }
   return logits_.data();
 }
 

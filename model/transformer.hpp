@@ -67,6 +67,13 @@ struct matrix {
 void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x,
             kernels::matmul_mode mode = kernels::matmul_mode::exact);
 
+/// The same product for n vectors: out[j*ldo + r] = row r of m times
+/// X[j*ldx ...] for j in [0, n). Uses the backend's batched slot
+/// (backend::matmul*) when it has one, else its matvec n times; either way
+/// bit-identical to n matvec() calls (prefill in chunks, issue #18).
+void matmul(const kernels::backend& be, float* out, int ldo, const matrix& m, const float* X,
+            int ldx, int n, kernels::matmul_mode mode = kernels::matmul_mode::exact);
+
 class shard_weights {
 public:
   struct layer {
@@ -167,10 +174,17 @@ private:
   std::vector<float> k_, v_;
 };
 
-/// Scratch buffers sized for one slice (reused across steps).
+/// Scratch buffers sized for one slice (reused across steps). The *_n
+/// buffers hold a batch of positions (the *_batch functions); batch(n) grows
+/// them to n positions.
 struct scratch {
   explicit scratch(const shard_weights& w);
   std::vector<float> xb, q, attn, att, hb, hb2, partial;
+  std::vector<float> xb_n, q_n, attn_n, hb_n, hb2_n, partial_n;
+  void batch(int n);
+
+private:
+  int dim_ = 0, nq_ = 0, units_ = 0;
 };
 
 /// Attention half of layer `l` at position `pos`: rmsnorm(x), this slice's
@@ -183,6 +197,27 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
 /// w2_slice · h. x [dim] read only; partial [dim] written.
 void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, const float* x,
                  scratch& s, float* partial);
+
+/// The attention half for n consecutive positions [pos0, pos0 + n) at once
+/// (prefill in chunks): x and partial are [n x dim] row-major. Q, K and V of
+/// all n positions are matrix products (each weight row read once), K and V
+/// go to the cache, then each position attends over the cache up to itself
+/// (causal within the chunk), then partial = wo_slice times the n outputs.
+/// Bit-identical to n attention_partial() calls in position order: every
+/// per-position operation is the same, only their interleaving differs.
+void attention_partial_batch(const kernels::backend& be, const shard_weights& w, int l,
+                             const float* x, int pos0, int n, kv_cache& kv, scratch& s,
+                             float* partial);
+
+/// The FFN half for n positions: x, partial [n x dim]; bit-identical to n
+/// ffn_partial() calls.
+void ffn_partial_batch(const kernels::backend& be, const shard_weights& w, int l, const float* x,
+                       int n, scratch& s, float* partial);
+
+/// stage_forward() for n consecutive positions at once, x [n x dim] in place;
+/// bit-identical to n stage_forward() calls in position order.
+void stage_forward_batch(const kernels::backend& be, const shard_weights& w, float* x, int pos0,
+                         int n, kv_cache& kv, scratch& s);
 
 /// Runs every layer of a whole-head/whole-FFN slice (a pipeline stage) on x
 /// [dim] in place at position pos.
@@ -198,6 +233,16 @@ class engine {
 public:
   engine(std::shared_ptr<const shard_weights> w, const kernels::backend& be);
   const float* forward(int token, int pos);
+  /// Feeds positions [pos0, pos0 + n) with tokens[0..n) in chunks of
+  /// batch_size() positions (stage_forward_batch) and returns the logits
+  /// [vocab] of the last one (valid until the next call). With `all_logits`
+  /// [n x vocab] set, every position's logits are written there as well
+  /// (the classifier as one batched product per chunk). Bit-identical to n
+  /// forward() calls. n >= 1.
+  const float* prefill(const int* tokens, int n, int pos0, float* all_logits = nullptr);
+  /// Positions per prefill chunk (--batch-size); at least 1. Default 32.
+  void set_batch_size(int n) { batch_size_ = n < 1 ? 1 : n; }
+  int batch_size() const { return batch_size_; }
   const config& cfg() const { return w_->cfg(); }
   const shard_weights& weights() const { return *w_; }
 
@@ -207,6 +252,8 @@ private:
   kv_cache kv_;
   scratch s_;
   std::vector<float> x_, logits_;
+  std::vector<float> xn_;  // [batch x dim] residual streams of a prefill chunk
+  int batch_size_ = 32;
 };
 
 }  // namespace cellshard::model

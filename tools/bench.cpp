@@ -125,12 +125,37 @@ void add_bench(CLI::App& app, int& status) {
   pb->add_option("--repeat", pe->repeat, "rounds (median of per-round ratios)")->capture_default_str();
   pb->add_option("--deadline", pe->deadline_s, "seconds allowed per build or run")->capture_default_str();
   pb->add_flag("--keep", pe->keep, "keep the temporary folder");
+  pb->add_option("--pairs", pe->pairs, "rows to measure (default all): f32_1t,f32_2t,q8_0_1t,q4_0_1t,"
+                 "q8_0_ggml_1t,q4_0_ggml_1t")->delimiter(',');
   pb->add_option("--json", *pjson, "rows as JSON to FILE (- = stdout)");
   pb->callback([pe, pjson, &status] {
     std::vector<bench_row> rows;
     status = run_peers_bench(*pe, rows);
     const std::string j = print_rows(rows);
     if (!pjson->empty()) write_text(*pjson, j);
+  });
+
+  auto fo = std::make_shared<prefill_bench_options>();
+  auto fjson = std::make_shared<std::string>();
+  auto* fb = bench->add_subcommand("prefill", "prompt tokens/s: prefill in chunks (matrix products) vs one "
+                                   "position at a time, same engine, same run");
+  fb->add_option("-m,--model", fo->model, "model (default: synth --config CONFIG -s 1 in memory)");
+  fb->add_option("--config", fo->config, "synth preset when no -m")->capture_default_str();
+  fb->add_option("--weights", fo->weights, "weight formats")->delimiter(',')->capture_default_str();
+  fb->add_option("--kernels", fo->kernels, "backend")->capture_default_str();
+  fb->add_option("--positions", fo->positions, "prompt positions")->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  fb->add_option("--batch-size", fo->batch_size, "positions per chunk")->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  fb->add_option("--threads", fo->threads, "kernel threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  fb->add_option("--repeat", fo->repeat, "rounds (median of per-round ratios)")->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  fb->add_option("--json", *fjson, "rows as JSON to FILE (- = stdout)");
+  fb->callback([fo, fjson, &status] {
+    std::vector<bench_row> rows;
+    status = run_prefill_bench(*fo, rows);
+    const std::string j = print_rows(rows);
+    if (!fjson->empty()) write_text(*fjson, j);
   });
 
   auto co = std::make_shared<cluster_bench_options>();

@@ -85,11 +85,34 @@ struct peers_bench_options {
   int repeat = 3;
   int deadline_s = 600;
   bool keep = false;  // keep the temporary folder
+  /// Rows to measure (only their contenders run): f32_1t, f32_2t, q8_0_1t,
+  /// q4_0_1t, q8_0_ggml_1t, q4_0_ggml_1t. Empty: all.
+  std::vector<std::string> pairs;
 };
 
 int run_peers_bench(const peers_bench_options& o, std::vector<bench_row>& rows);
 
 /// Prints rows as a table and returns them as JSON text.
 std::string print_rows(const std::vector<bench_row>& rows);
+
+/// `bench prefill` (issue #18): the single-node engine on `model` (default:
+/// `synth --config CONFIG -s 1` in memory) feeds `positions` prompt
+/// positions one at a time (forward) and as engine::prefill in chunks of
+/// `batch_size`, alternating, `repeat` rounds, per weight format; rows: prompt
+/// tokens/s batched (value) against one at a time (baseline), the median of
+/// per-round ratios, and whether the last logits were identical (status 1 if
+/// not).
+struct prefill_bench_options {
+  std::string model;
+  std::string config = "stories15m";
+  std::vector<std::string> weights = {"f32", "q8_0", "q4_0"};
+  std::string kernels = "native";
+  int positions = 256;
+  int batch_size = 32;
+  int threads = 1;
+  int repeat = 3;
+};
+
+int run_prefill_bench(const prefill_bench_options& o, std::vector<bench_row>& rows);
 
 }  // namespace cellshard::tools

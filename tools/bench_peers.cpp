@@ -161,6 +161,26 @@ int run_peers_bench(const peers_bench_options& o, std::vector<bench_row>& rows) 
         {"cellshard q8_0 ggml 1t", ours + " --threads 1 --weights q8_0 --matmul ggml", {}, {}},
         {"cellshard q4_0 ggml 1t", ours + " --threads 1 --weights q4_0 --matmul ggml", {}, {}},
     };
+    // Which rows (pairs of contenders) to measure: all, or --pairs.
+    struct pair_def {
+      const char* name;
+      int subject, baseline;
+      double goal;
+    };
+    const pair_def defs[] = {{"f32_1t", 1, 0, 1.2},       {"f32_2t", 3, 2, 1.2},
+                             {"q8_0_1t", 4, 1, 2.5},      {"q4_0_1t", 5, 1, 4.0},
+                             {"q8_0_ggml_1t", 6, 1, 2.5}, {"q4_0_ggml_1t", 7, 1, 4.0}};
+    std::vector<bool> wanted(cs.size(), o.pairs.empty());
+    for (const auto& p : o.pairs) {
+      bool known = false;
+      for (const auto& d : defs)
+        if (p == d.name) {
+          wanted[d.subject] = wanted[d.baseline] = known = true;
+        }
+      if (!known) throw cli_error("--pairs: unknown pair '" + p + "', expected f32_1t, f32_2t, q8_0_1t, q4_0_1t, "
+                                  "q8_0_ggml_1t or q4_0_ggml_1t", 2);
+    }
+    for (size_t i = 0; i < cs.size(); ++i) cs[i].ok = cs[i].ok && wanted[i];
     for (int rep = 0; rep < o.repeat; ++rep) {
       for (auto& c : cs) {
         if (!c.ok) continue;
@@ -206,12 +226,7 @@ int run_peers_bench(const peers_bench_options& o, std::vector<bench_row>& rows) 
       row.ratio = median(r);
       rows.push_back(row);
     };
-    ratio_row("peers_f32_1t", cs[1], cs[0], 1.2);
-    ratio_row("peers_f32_2t", cs[3], cs[2], 1.2);
-    ratio_row("peers_q8_0_1t", cs[4], cs[1], 2.5);
-    ratio_row("peers_q4_0_1t", cs[5], cs[1], 4.0);
-    ratio_row("peers_q8_0_ggml_1t", cs[6], cs[1], 2.5);
-    ratio_row("peers_q4_0_ggml_1t", cs[7], cs[1], 4.0);
+    for (const auto& d : defs) ratio_row(std::string("peers_") + d.name, cs[d.subject], cs[d.baseline], d.goal);
     if (rows.empty()) status = 1;
   } while (false);
   if (!o.keep) std::system(("rm -rf " + quote(dir)).c_str());

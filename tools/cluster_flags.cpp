@@ -38,6 +38,10 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
                   "divided among in-process nodes)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--batch-size", o.batch_size,
+                  "prompt positions computed together per prefill chunk (matrix products; same ids)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   auto* g = "Nodes (in process)";
   set.runtime = {
       cmd->add_option("--nodes", o.nodes, "in-process nodes")->group(g),
@@ -168,6 +172,7 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
     co.host = *h;
   }
   co.checkpoint_every = o.checkpoint_every;
+  co.batch_size = o.batch_size;
   if (!o.link.empty()) {
     auto l = topologies::parse_link(o.link);
     if (!l) throw cli_error("--link: " + l.message(), 2);

@@ -42,6 +42,7 @@ struct cluster_flags {
   int checkpoint_every = 16;
   // Floor and cap of a step's deadline (issue #20), ms.
   int step_timeout_min_ms = 2000, step_timeout_max_ms = 30000;
+  int batch_size = 32;  // --batch-size: prompt positions per prefill chunk
   // Weak nodes (issue #8).
   std::string link;
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.

@@ -403,6 +403,7 @@ int do_run(const run_opts& o) {
                                         matmul);
     if (!w) throw cli_error(w.message());
     model::engine eng(*w, *be);
+    eng.set_batch_size(o.cf.batch_size);
     const int kt = o.cf.threads > 0 ? o.cf.threads : kernels::available_cpus();
     std::unique_ptr<kernels::pool> kpool;
     if (kt > 1) kpool = std::make_unique<kernels::pool>(kt);
@@ -411,7 +412,11 @@ int do_run(const run_opts& o) {
         [&](int token, int pos) -> result<const float*> { return eng.forward(token, pos); },
         *lm.tok, lm.file->cfg().vocab_size, gp,
         [&](int, const std::string& piece) { print_piece(piece); },
-        logits.active() ? model::logits_fn([&](int pos, const float* l) { logits.add(pos, l); }) : model::logits_fn());
+        logits.active() ? model::logits_fn([&](int pos, const float* l) { logits.add(pos, l); }) : model::logits_fn(),
+        o.cf.batch_size > 1 ? model::prefill_fn([&](const int* t, int n, int p0) -> result<const float*> {
+          return eng.prefill(t, n, p0);
+        })
+                         : model::prefill_fn());
     if (res)
       nodes_json.push_back({{"index", 0},
                             {"role", "whole model"},

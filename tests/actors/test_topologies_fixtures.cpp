@@ -36,3 +36,28 @@ TEST_CASE("every fixture on every in-process topology", "[actors][fixtures]") {
     }
   }
 }
+
+// Shards compute a prefill step's positions in chunks of --batch-size
+// (model::*_partial_batch; default 32 covers every fixture's prompt in one
+// chunk above). Chunks of 1 (one position at a time) and 3 (prompts split
+// over several chunks, the last partial) give the same ids.
+TEST_CASE("fixtures with prefill chunks of 1 and 3 positions in shards", "[actors][fixtures][prefill]") {
+  if (!test::have_shared()) return;
+  for (const int batch : {1, 3}) {
+    for (const char* topology : {"pipeline", "tensor", "hybrid:2x2"}) {
+      DYNAMIC_SECTION(topology << " batch " << batch) {
+        auto o = test::stories_options(std::string(topology) == "hybrid:2x2" ? 4 : 2, topology);
+        o.batch_size = batch;
+        auto c = actors::cluster::start(o);
+        REQUIRE(c.ok());
+        for (const auto& fc : test::fixture_cases()) {
+          auto r = (*c)->generate(test::params_of(fc));
+          REQUIRE(r.ok());
+          INFO(fc.name << ": " << r->error);
+          REQUIRE(r->ok);
+          CHECK(r->result.ids == test::read_ids(test::shared_file("fixtures/" + fc.name + ".ids")));
+        }
+      }
+    }
+  }
+}

@@ -5,12 +5,14 @@
 #include "kernels/native.hpp"
 #include "kernels/pool.hpp"
 #include "kernels/reference.hpp"
+#include "kernels/types.hpp"
 #include "tests/kernels/common.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -240,4 +242,84 @@ TEST_CASE("native matvecs give identical bits for 1, 2 and 3 threads", "[kernels
     }
   }
   CHECK(pool::current() == nullptr);
+}
+
+// Prefill in chunks (issue #18) relies on this: a batched product returns, for
+// every input vector, exactly the bits of the matvec of that vector -- on
+// every level, both precisions, f32 rows at every misalignment, quantized
+// rows with partial last blocks, n not a multiple of the 3 or 4 vectors the
+// AVX2/AVX-512 kernels take per pass, with and without a pool.
+TEST_CASE("native batched products equal matvec bit for bit", "[kernels][native][prefill]") {
+  restore saved;
+  pool two(2, 0);
+  const int bshapes[][2] = {{1, 1}, {7, 7}, {33, 33}, {64, 172}, {37, 288}, {300, 768}, {5, 2051}};
+  for (native::isa lv : levels()) {
+    REQUIRE(native::set_isa(lv));
+    for (auto sh : bshapes) {
+      for (int n : {1, 2, 3, 4, 5, 9}) {
+        for (pool* p : {static_cast<pool*>(nullptr), &two}) {
+          pool::scope use(p);
+          const int rows = sh[0], cols = sh[1], ld = cols + 3, ldx = cols + 1, ldo = rows + 2;
+          test::rng g(9u + rows + cols * 3 + n);
+          buffer<float> W(static_cast<std::size_t>(rows) * ld, 4 * (rows % 8));
+          buffer<float> X(static_cast<std::size_t>(n) * ldx, 12);
+          test::fill(g, W.data(), rows * ld);
+          test::fill(g, X.data(), n * ldx);
+          const quant_matrix m(rows, cols, 31u + rows + cols);
+          INFO(native::to_string(lv) << " " << rows << "x" << cols << " n " << n
+                                     << (p ? " pool 2" : ""));
+          std::vector<float> got(static_cast<std::size_t>(n) * ldo, -7.0f), want(rows);
+          // f32
+          native::matmul_f32(got.data(), ldo, W.data(), X.data(), ldx, n, rows, cols, ld);
+          for (int j = 0; j < n; ++j) {
+            native::matvec_f32(want.data(), W.data(), X.data() + j * ldx, rows, cols, ld);
+            CHECK(std::memcmp(got.data() + j * ldo, want.data(), rows * sizeof(float)) == 0);
+            CHECK(got[j * ldo + rows] == -7.0f);  // ldo padding untouched
+          }
+          for (native::precision pr : {native::precision::exact, native::precision::ggml}) {
+            native::set_precision(pr);
+            INFO(native::to_string(pr));
+            native::matmul_q8(got.data(), ldo, m.q8.data(), X.data(), ldx, n, rows, cols);
+            for (int j = 0; j < n; ++j) {
+              native::matvec_q8(want.data(), m.q8.data(), X.data() + j * ldx, rows, cols);
+              CHECK(std::memcmp(got.data() + j * ldo, want.data(), rows * sizeof(float)) == 0);
+            }
+            native::matmul_q4(got.data(), ldo, m.q4.data(), X.data(), ldx, n, rows, cols);
+            for (int j = 0; j < n; ++j) {
+              native::matvec_q4(want.data(), m.q4.data(), X.data() + j * ldx, rows, cols);
+              CHECK(std::memcmp(got.data() + j * ldo, want.data(), rows * sizeof(float)) == 0);
+            }
+          }
+          native::set_precision(native::precision::exact);
+          // typed slot: q8_0 in both modes, and a type without its own
+          // kernel here (f16, through the tiled fallback).
+          const std::size_t s8 = q8_blocks_per_row(cols) * sizeof(q8_block);
+          for (matmul_mode mode : {matmul_mode::exact, matmul_mode::ggml}) {
+            native::matmul_typed(got.data(), ldo, m.q8.data(), dtype::q8_0, s8, X.data(), ldx, n, rows,
+                                 cols, mode);
+            for (int j = 0; j < n; ++j) {
+              native::matvec_typed(want.data(), m.q8.data(), dtype::q8_0, s8, X.data() + j * ldx, rows,
+                                   cols, mode);
+              CHECK(std::memcmp(got.data() + j * ldo, want.data(), rows * sizeof(float)) == 0);
+            }
+          }
+          std::vector<uint16_t> h(static_cast<std::size_t>(rows) * cols);
+          for (std::size_t i = 0; i < h.size(); ++i) h[i] = fp32_to_fp16(g.uniform());
+          native::matmul_typed(got.data(), ldo, h.data(), dtype::f16, cols * 2, X.data(), ldx, n, rows,
+                               cols, matmul_mode::exact);
+          for (int j = 0; j < n; ++j) {
+            native::matvec_typed(want.data(), h.data(), dtype::f16, cols * 2, X.data() + j * ldx, rows,
+                                 cols, matmul_mode::exact);
+            CHECK(std::memcmp(got.data() + j * ldo, want.data(), rows * sizeof(float)) == 0);
+            // and the f16 kernel itself (tails of 1..7 columns here) against
+            // the reference loop
+            std::vector<float> r16(rows);
+            ref::matvec_typed(r16.data(), h.data(), dtype::f16, cols * 2, X.data() + j * ldx, rows, cols,
+                              matmul_mode::exact);
+            CHECK(nmse(want.data(), r16.data(), rows) <= 1e-10);
+          }
+        }
+      }
+    }
+  }
 }

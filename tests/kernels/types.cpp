@@ -3,6 +3,7 @@
 // quantizers' round trips, byte swapping, and the typed matvec of every
 // backend in both matmul modes against reference and against double math.
 #include "kernels/backend.hpp"
+#include "kernels/native.hpp"
 #include "kernels/reference.hpp"
 #include "kernels/spe.hpp"
 #include "kernels/types.hpp"
@@ -266,10 +267,19 @@ TEST_CASE("matvec_typed conforms on every backend for every type and mode",
         for (const auto& name : backend_names()) {
           const backend* be = find_backend(name);
           if (!be->matvec_typed) continue;  // a backend registered without the slot
-          std::vector<float> got(sh.rows, NAN);
-          be->matvec_typed(got.data(), slice, t, stride, x.data(), sh.rows, sh.cols, mode);
-          INFO(name);
-          CHECK(test::nmse(got.data(), want.data(), sh.rows) <= (name == "spu-host" ? 1e-9 : 1e-10));
+          // native: at every vector level this CPU has (its typed kernels
+          // differ per level), then back at the best.
+          std::vector<native::isa> isas = {native::active_isa()};
+          if (name == "native") isas = {native::isa::portable, native::isa::avx2, native::isa::avx512};
+          const native::isa best = native::active_isa();
+          for (native::isa lv : isas) {
+            if (name == "native" && !native::set_isa(lv)) continue;
+            std::vector<float> got(sh.rows, NAN);
+            be->matvec_typed(got.data(), slice, t, stride, x.data(), sh.rows, sh.cols, mode);
+            INFO(name << " " << native::to_string(lv));
+            CHECK(test::nmse(got.data(), want.data(), sh.rows) <= (name == "spu-host" ? 1e-9 : 1e-10));
+          }
+          native::set_isa(best);
         }
       }
     }

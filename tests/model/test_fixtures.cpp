@@ -29,17 +29,24 @@ TEST_CASE("engine reproduces every llama2.c fixture with each backend", "[model]
     const char* be_name = sj.backend;
     const kernels::backend* be = kernels::find_backend(be_name);
     REQUIRE(be != nullptr);
-    for (const auto& fc : test::fixture_cases()) {
-      DYNAMIC_SECTION(be_name << (sj.pool ? " (2 threads) " : " ") << fc.name) {
+    // batch 0: one position at a time; 3 and 32: the prompt prefilled in
+    // chunks of that many positions (engine::prefill, issue #18).
+    for (const auto& fc : test::fixture_cases()) for (const int batch : {0, 3, 32}) {
+      DYNAMIC_SECTION(be_name << (sj.pool ? " (2 threads) " : " ") << fc.name << " batch " << batch) {
         kernels::pool::scope use_pool(sj.pool);
         model::engine eng(*w, *be);
+        if (batch > 0) eng.set_batch_size(batch);
         model::generation_params gp;
         gp.prompt = fc.prompt;
         gp.steps = fc.steps;
         gp.sampling = {fc.temperature, fc.topp, fc.seed ? fc.seed : 1};
         auto res = model::generate(
             [&](int t, int p) -> result<const float*> { return eng.forward(t, p); }, **tok,
-            (*file)->cfg().vocab_size, gp, nullptr);
+            (*file)->cfg().vocab_size, gp, nullptr, {},
+            batch > 0 ? model::prefill_fn([&](const int* t, int n, int p0) -> result<const float*> {
+              return eng.prefill(t, n, p0);
+            })
+                      : model::prefill_fn());
         REQUIRE(res.ok());
         const auto want = test::read_ids(test::shared_file("fixtures/" + fc.name + ".ids"));
         CHECK(res->ids == want);
