@@ -4,7 +4,9 @@
 #include "kernels/backend.hpp"
 #include "kernels/native.hpp"
 #include "kernels/pool.hpp"
+#include "kernels/reference.hpp"
 #include "kernels/spe.hpp"
+#include "kernels/types.hpp"
 
 #include <cblas.h>
 #include <nlohmann/json.hpp>
@@ -388,6 +390,75 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
       b.baseline_name = "read bandwidth probe";
       b.ratio = b.value / b.baseline;
       rows.push_back(b);
+    }
+  }
+  // GGUF weight types without a llama2.c slot (backend::matvec_typed):
+  // native's kernels against the reference loops, both precisions, random
+  // blocks with small finite scales, 4096 x 4096 (or the custom shape when its
+  // columns are a multiple of 256).
+  if (status == 0) {
+    const int trows = custom ? o.rows : 4096;
+    const int tcols = custom && o.cols % kernels::qk_k == 0 ? o.cols : 4096;
+    for (kernels::dtype t : {kernels::dtype::f16, kernels::dtype::bf16, kernels::dtype::q4_k, kernels::dtype::q6_k}) {
+      const std::size_t stride = kernels::row_bytes(t, tcols);
+      const double wbytes = static_cast<double>(stride) * trows;
+      std::vector<uint8_t> Wt(stride * trows);
+      fast_rng r{0xabcdefull + static_cast<unsigned>(t)};
+      for (auto& b : Wt) b = static_cast<uint8_t>(r.next());
+      const uint16_t small = kernels::fp32_to_fp16(0.01f);
+      for (int row = 0; row < trows; ++row) {
+        uint8_t* base = Wt.data() + stride * row;
+        if (t == kernels::dtype::f16 || t == kernels::dtype::bf16) {
+          auto* h = reinterpret_cast<uint16_t*>(base);
+          for (int c = 0; c < tcols; ++c)
+            h[c] = t == kernels::dtype::f16 ? kernels::fp32_to_fp16(r.uniform()) : kernels::fp32_to_bf16(r.uniform());
+        } else if (t == kernels::dtype::q4_k) {
+          auto* b = reinterpret_cast<kernels::block_q4_k*>(base);
+          for (int k = 0; k < tcols / kernels::qk_k; ++k) b[k].d = b[k].dmin = small;
+        } else {
+          auto* b = reinterpret_cast<kernels::block_q6_k*>(base);
+          for (int k = 0; k < tcols / kernels::qk_k; ++k) b[k].d = small;
+        }
+      }
+      auto x = alloc<float>(tcols);
+      auto y = alloc<float>(trows);
+      for (int i = 0; i < tcols; ++i) x[i] = r.uniform();
+      for (kernels::matmul_mode mode : {kernels::matmul_mode::exact, kernels::matmul_mode::ggml}) {
+        const double ref_s = time_median(
+            [&] { kernels::ref::matvec_typed(y.get(), Wt.data(), t, stride, x.get(), trows, tcols, mode); },
+            o.min_seconds);
+        const double nat_s = time_median(
+            [&] {
+              kernels::native_backend().matvec_typed(y.get(), Wt.data(), t, stride, x.get(), trows, tcols, mode);
+            },
+            o.min_seconds);
+        const std::string kname = std::string("typed_") + kernels::to_string(t);
+        for (int which = 0; which < 2; ++which) {
+          const double s = which ? nat_s : ref_s;
+          const double gbps = (wbytes + (tcols + trows) * 4.0) / s / 1e9;
+          std::snprintf(line, sizeof line, "%-10s %-11s %6d %6d %8s %10.3f %9.2f %8.2f %9s %9.3f %s\n",
+                        kname.c_str(), which ? (mode == kernels::matmul_mode::ggml ? "native/ggml" : "native")
+                                             : (mode == kernels::matmul_mode::ggml ? "ref/ggml" : "reference"),
+                        trows, tcols, mib(wbytes).c_str(), s * 1e3, 2.0 * trows * tcols / s / 1e9, gbps, "-",
+                        gbps * 1e9 / probe_bps, which ? ("x ref " + fmt(ref_s / nat_s, 2)).c_str() : "");
+          out << line;
+        }
+        kernels_bench_row a;
+        a.name = kname + "_bandwidth";
+        a.params = {{"backend", "native"},
+                    {"precision", kernels::to_string(mode)},
+                    {"rows", std::to_string(trows)},
+                    {"cols", std::to_string(tcols)},
+                    {"threads", std::to_string(threads)},
+                    {"weight_mib", mib(wbytes)},
+                    {"x_reference", fmt(ref_s / nat_s, 2)}};
+        a.value = (wbytes + (tcols + trows) * 4.0) / nat_s / 1e9;
+        a.unit = "GB/s";
+        a.baseline = probe_bps / 1e9;
+        a.baseline_name = "read bandwidth probe";
+        a.ratio = a.value / a.baseline;
+        rows.push_back(a);
+      }
     }
   }
   out << "GB/s counts weight + x + out bytes once per call; 'x sgemv' is speed relative to "
