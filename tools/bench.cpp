@@ -150,6 +150,7 @@ void add_bench(CLI::App& app, int& status) {
   fb->add_option("--threads", fo->threads, "kernel threads")->check(CLI::Range(1, 1024))->capture_default_str();
   fb->add_option("--repeat", fo->repeat, "rounds (median of per-round ratios)")->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  fb->add_flag("--cpu-time", fo->cpu_time, "time with the thread's CPU clock (with --threads 1; a shared machine)");
   fb->add_option("--json", *fjson, "rows as JSON to FILE (- = stdout)");
   fb->callback([fo, fjson, &status] {
     std::vector<bench_row> rows;

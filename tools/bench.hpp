@@ -111,6 +111,7 @@ struct prefill_bench_options {
   int batch_size = 32;
   int threads = 1;
   int repeat = 3;
+  bool cpu_time = false;  // time with the thread's CPU clock (threads == 1): a shared machine
 };
 
 int run_prefill_bench(const prefill_bench_options& o, std::vector<bench_row>& rows);
