@@ -254,3 +254,46 @@ TEST_CASE("cellshard run -m model.gguf: fixtures, --ctx, clamping, pipeline, qua
     CHECK_THAT(bin.err, Catch::Contains("needs a GGUF input"));
   }
 }
+
+TEST_CASE("run gives the same ids for every --batch-size, and bench prefill checks its logits",
+          "[cli][prefill]") {
+  if (!test::have_shared()) return;
+  // A long prompt over a model whose matrices are split over 2 threads:
+  // chunks of 1 (one position at a time), 5 (a partial last chunk) and 32.
+  const std::string dir = test::temp_dir("cli-prefill");
+  const std::string m = dir + "/s256.bin";
+  auto s = test::run_command({test::cellshard_bin(), "synth", "--dim", "256", "--hidden", "688", "--layers", "2",
+                              "--heads", "8", "--kv-heads", "4", "--vocab", "512", "--seq-len", "128", "-s", "3",
+                              "-o", m});
+  REQUIRE(s.status == 0);
+  const std::string prompt =
+      "Once upon a time there was a little girl named Lily who liked to play in the park with her dog. "
+      "They ran and jumped in the sun all day long";
+  // More than 32 prompt tokens, so that chunks of 32 split it too.
+  auto t = test::run_command({test::cellshard_bin(), "tokenize", "-m", m, "-z", test::shared_file("models/tok512.bin"),
+                              "-i", prompt});
+  REQUIRE(t.status == 0);
+  CHECK(std::count(t.out.begin(), t.out.end(), ' ') >= 33);
+  for (const char* weights : {"f32", "q4_0"}) {
+    std::vector<std::string> ids;
+    for (const char* batch : {"1", "5", "32"}) {
+      const std::string out = dir + "/" + weights + "." + batch + ".ids";
+      auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", test::shared_file("models/tok512.bin"),
+                                  "-n", "80", "-t", "0", "-i", prompt, "--weights", weights, "--threads", "2",
+                                  "--batch-size", batch, "-q", "--ids-out", out});
+      INFO(r.err);
+      REQUIRE(r.status == 0);
+      ids.push_back(test::read_file(out));
+    }
+    INFO(weights);
+    CHECK(std::count(ids[0].begin(), ids[0].end(), ',') == 80);  // BOS + 80 positions
+    CHECK(ids[0] == ids[1]);
+    CHECK(ids[0] == ids[2]);
+  }
+  auto b = test::run_command({test::cellshard_bin(), "bench", "prefill", "-m", m, "--positions", "40",
+                              "--batch-size", "7", "--repeat", "1", "--weights", "f32,q8_0"});
+  INFO(b.err);
+  CHECK(b.status == 0);
+  CHECK_THAT(b.out, Catch::Contains("identical_logits=yes"));
+  CHECK_THAT(b.out, !Catch::Contains("identical_logits=NO"));
+}
