@@ -12,8 +12,9 @@
 //
 // Jobs run one at a time in posting order (FIFO). The destructor cancels:
 // the running job sees `cancelled()` become true and should return early (the
-// shard checks it between positions), queued jobs are dropped, then the
-// thread is joined -- a bounded wait of at most one position's work.
+// shard checks it between chunks of up to shard_init::batch_size positions),
+// queued jobs are dropped, then the thread is joined -- a bounded wait of at
+// most one chunk's work (one layer half over up to batch_size positions).
 //
 // Why a thread and not a CAF actor: a detached actor would also get its own
 // thread, but CAF 0.17 gives no control over its lifetime at shutdown or its
