@@ -26,6 +26,10 @@ std::string config::to_string() const {
   os << "dim " << dim << ", hidden " << hidden_dim << ", layers " << n_layers << ", heads "
      << n_heads << ", kv heads " << n_kv_heads << ", vocab " << vocab_size << ", seq_len "
      << seq_len << (shared_classifier ? ", shared classifier" : ", unshared classifier");
+  if (moe()) {
+    os << ", " << arch << " experts " << n_experts << " used " << n_experts_used;
+    if (shared_hidden) os << " shared hidden " << shared_hidden;
+  }
   return os.str();
 }
 

@@ -54,6 +54,25 @@ struct typed_layer_view {
   tensor_view wq, wk, wv, wo, w1, w2, w3;
 };
 
+/// What one GGUF layer adds to the dense Llama layer (empty for a dense model):
+/// the mixture-of-experts FFN and qwen2moe's Q/K/V biases.
+/// Shapes (row-major, [out x in]): router [n_experts x dim]; for expert e,
+/// w1[e] and w3[e] [hidden x dim], w2[e] [dim x hidden] (hidden = one expert's
+/// width, config::hidden_dim), each a slice of the file's 3-D tensor
+/// (ffn_gate_exps / ffn_up_exps / ffn_down_exps, expert e = the e-th matrix);
+/// the shared expert sw1, sw3 [shared_hidden x dim], sw2 [dim x shared_hidden]
+/// (rows 0 when the model has none) with its gate vector shared_gate [dim];
+/// biases bq [dim], bk and bv [kv_dim] (null when absent). Vectors are f32.
+struct moe_layer_view {
+  tensor_view router;
+  std::vector<tensor_view> w1, w2, w3;
+  tensor_view sw1, sw2, sw3;
+  const float* shared_gate = nullptr;
+  const float* bq = nullptr;
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+};
+
 /// Views of one layer's weights, pointing into the model_file.
 /// Shapes (row-major, [out x in]): rms_att [dim], wq [dim x dim],
 /// wk [kv_dim x dim], wv [kv_dim x dim], wo [dim x dim], rms_ffn [dim],
@@ -131,6 +150,12 @@ public:
   typed_layer_view typed_layer(int l) const { return t_layers_[l]; }
   tensor_view typed_embedding() const { return t_emb_; }
   tensor_view typed_classifier() const { return t_cls_; }
+  /// Layer l's experts, shared expert and biases (GGUF; an empty view for a
+  /// dense layer or another format). See moe_layer_view.
+  const moe_layer_view& moe_layer(int l) const {
+    static const moe_layer_view empty;
+    return static_cast<size_t>(l) < m_layers_.size() ? m_layers_[l] : empty;
+  }
   /// "llama2.c", "csq8" or "gguf".
   const char* format_name() const;
   /// The matmul mode `--matmul` defaults to: exact when every matrix is f32
@@ -179,6 +204,7 @@ private:
   std::vector<typed_layer_view> t_layers_;
   tensor_view t_emb_, t_cls_;
   std::vector<layer_view> g_layers_;  // norms always; f32 matrices when the tensor is F32
+  std::vector<moe_layer_view> m_layers_;  // experts, shared expert, biases (when present)
   bool non_f32_ = false;
   std::vector<std::vector<uint8_t>> converted_;  // swapped tensors, f32 copies of norms
 };

@@ -11,6 +11,24 @@
 //   blk.N.ffn_down.weight (w2) {hidden, dim}.
 // llama.cpp's converters store Q and K rows already permuted into the
 // adjacent-pair RoPE order run.c uses, so no permutation is applied here.
+//
+// Mixture of experts (llama.cpp's llama-arch and llama-model tensor lists):
+// ARCH.expert_count E, ARCH.expert_used_count K, and per layer
+//   blk.N.ffn_gate_inp.weight {dim, E} (the router),
+//   blk.N.ffn_gate_exps.weight / ffn_up_exps.weight {dim, hidden, E},
+//   blk.N.ffn_down_exps.weight {hidden, dim, E}
+// in place of ffn_gate/ffn_up/ffn_down. Architecture `qwen2moe` adds
+//   qwen2moe.expert_feed_forward_length (hidden; else feed_forward_length / K),
+//   qwen2moe.expert_shared_feed_forward_length (S; else feed_forward_length),
+//   blk.N.ffn_gate_inp_shexp.weight {dim}, blk.N.ffn_gate_shexp.weight /
+//   ffn_up_shexp.weight {dim, S}, blk.N.ffn_down_shexp.weight {S, dim},
+//   blk.N.attn_q.bias {dim}, attn_k.bias / attn_v.bias {kv_dim},
+// and uses NEOX RoPE (a head's dimension i pairs with i + head_size/2, where
+// llama's pairs are adjacent): the loader permutes each head's Q and K rows
+// (and biases) so that row 2i holds dimension i and row 2i+1 dimension
+// i + head_size/2; the pairwise RoPE kernels then rotate the right pairs with
+// the right frequencies, and q.k is unchanged because Q and K get the same
+// permutation. qwen2moe's top-k weights are not renormalised (config::norm_topk).
 #include "model/checkpoint.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_model.hpp"
@@ -51,14 +69,11 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
 
   auto arch = g.get_string("general.architecture");
   if (!arch) return arch.err();
-  if (*arch != "llama")
+  if (*arch != "llama" && *arch != "qwen2moe")
     return make_error(name + ": unsupported architecture " + *arch +
-                      " (general.architecture; cellshard runs llama)");
+                      " (general.architecture; cellshard runs llama and qwen2moe)");
   const std::string a = *arch + ".";
-  if (const auto* e = g.find(a + "expert_count"))
-    if (e->is_integer() && (e->u > 0 || e->i > 0))
-      return make_error(name + ": MoE not supported yet (" + a + "expert_count = " +
-                        std::to_string(e->u ? e->u : static_cast<uint64_t>(e->i)) + ")");
+  const bool qwen = *arch == "qwen2moe";
 
   // Positive integer keys, bounded like the llama2.c header fields.
   constexpr int64_t limit = 1 << 24;
@@ -72,11 +87,43 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     return {};
   };
   config c;
+  c.arch = *arch;
   for (auto r : {need(a + "embedding_length", &c.dim), need(a + "block_count", &c.n_layers),
-                 need(a + "feed_forward_length", &c.hidden_dim),
                  need(a + "attention.head_count", &c.n_heads),
                  need(a + "context_length", &c.seq_len)})
     if (!r) return r.err();
+  // Experts: both counts or neither (qwen2moe always has experts).
+  if (qwen || g.has(a + "expert_count")) {
+    for (auto r : {need(a + "expert_count", &c.n_experts),
+                   need(a + "expert_used_count", &c.n_experts_used)})
+      if (!r) return r.err();
+    if (c.n_experts_used > c.n_experts)
+      return make_error(name + ": key " + a + "expert_used_count is " +
+                        std::to_string(c.n_experts_used) + ", expected at most " + a +
+                        "expert_count (" + std::to_string(c.n_experts) + ")");
+  }
+  int ff = 0;
+  if (!qwen || !g.has(a + "expert_feed_forward_length") ||
+      !g.has(a + "expert_shared_feed_forward_length"))
+    if (auto r = need(a + "feed_forward_length", &ff); !r) return r.err();
+  c.hidden_dim = ff;
+  if (qwen) {
+    // llama.cpp's defaults when the expert widths are absent (llama-model.cpp).
+    c.hidden_dim = ff / c.n_experts_used;
+    c.shared_hidden = ff;
+    if (g.has(a + "expert_feed_forward_length"))
+      if (auto r = need(a + "expert_feed_forward_length", &c.hidden_dim); !r) return r.err();
+    if (g.has(a + "expert_shared_feed_forward_length"))
+      if (auto r = need(a + "expert_shared_feed_forward_length", &c.shared_hidden); !r)
+        return r.err();
+    if (c.hidden_dim <= 0)
+      return make_error(name + ": " + a + "feed_forward_length " + std::to_string(ff) + " / " + a +
+                        "expert_used_count " + std::to_string(c.n_experts_used) +
+                        " leaves no expert width; expected " + a + "expert_feed_forward_length");
+    c.norm_topk = false;
+    // Biases as llama.cpp's qwen2moe graph: added when the file has them.
+    c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  }
   c.n_kv_heads = c.n_heads;
   if (g.has(a + "attention.head_count_kv")) {
     auto r = need(a + "attention.head_count_kv", &c.n_kv_heads);
@@ -170,21 +217,85 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     if (dt != kernels::dtype::f32 && rows) non_f32_ = true;
     return {};
   };
-  // A norm vector as f32 (converted when the file stores another type).
-  auto norm = [&](const std::string& tname, const float** out) -> result<void> {
+  // A vector of n floats as f32 (converted when the file stores another type).
+  auto vec = [&](const std::string& tname, int n, const float** out) -> result<void> {
     tensor_view v;
-    auto r = load(tname, c.dim, 0, &v);
+    auto r = load(tname, n, 0, &v);
     if (!r) return r;
     if (v.type == kernels::dtype::f32 &&
         reinterpret_cast<uintptr_t>(v.data) % alignof(float) == 0) {
       *out = reinterpret_cast<const float*>(v.data);
       return {};
     }
-    converted_.emplace_back(static_cast<size_t>(c.dim) * sizeof(float));
-    kernels::dequantize_row(v.type, v.data, reinterpret_cast<float*>(converted_.back().data()),
-                            c.dim);
+    converted_.emplace_back(static_cast<size_t>(n) * sizeof(float));
+    kernels::dequantize_row(v.type, v.data, reinterpret_cast<float*>(converted_.back().data()), n);
     *out = reinterpret_cast<const float*>(converted_.back().data());
     return {};
+  };
+  auto norm = [&](const std::string& tname, const float** out) { return vec(tname, c.dim, out); };
+  // The 3-D expert tensor {cols, rows, E} as E matrices [rows x cols].
+  auto load_experts = [&](const std::string& tname, uint64_t cols, uint64_t rows,
+                          std::vector<tensor_view>* out) -> result<void> {
+    const gguf::tensor_info* ti = g.find_tensor(tname);
+    if (!ti)
+      return make_error(name + ": missing tensor " + tname + " (" + a + "expert_count is " +
+                        std::to_string(c.n_experts) +
+                        ": every layer needs ffn_gate_inp, ffn_gate_exps, ffn_up_exps and "
+                        "ffn_down_exps)");
+    const uint64_t E = c.n_experts;
+    if (ti->ne.size() != 3 || ti->ne[0] != cols || ti->ne[1] != rows || ti->ne[2] != E)
+      return make_error(name + ": tensor " + tname + " has shape " + ti->shape_string() +
+                        ", expected [" + std::to_string(cols) + ", " + std::to_string(rows) +
+                        ", " + std::to_string(E) + "] from the metadata (" + c.to_string() + ")");
+    kernels::dtype dt;
+    if (!kernels::dtype_from_ggml(ti->type, &dt))
+      return make_error(name + ": tensor " + tname + " has type " +
+                        gguf::ggml_type_name(ti->type) +
+                        ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+    const size_t rb = kernels::row_bytes(dt, static_cast<int>(cols));
+    const uint8_t* data = ti->data;
+    if (g.swapped()) {
+      converted_.emplace_back(ti->data, ti->data + ti->bytes);
+      kernels::swap_rows(dt, converted_.back().data(), static_cast<int>(rows * E),
+                         static_cast<int>(cols));
+      data = converted_.back().data();
+    }
+    out->clear();
+    for (uint64_t e = 0; e < E; ++e) {
+      tensor_view v;
+      v.data = data + e * rows * rb;
+      v.type = dt;
+      v.rows = static_cast<int>(rows);
+      v.cols = static_cast<int>(cols);
+      v.row_bytes = rb;
+      out->push_back(v);
+    }
+    if (dt != kernels::dtype::f32) non_f32_ = true;
+    return {};
+  };
+  // NEOX RoPE (qwen2moe): each head's rows reordered to 0, h/2, 1, h/2+1, ...
+  // (see the top of this file); a copy in converted_.
+  const int hs = c.head_size();
+  auto neox_rows = [&](tensor_view* t) {
+    std::vector<uint8_t> out(static_cast<size_t>(t->rows) * t->row_bytes);
+    for (int r = 0; r < t->rows; ++r) {
+      const int head = r / hs, j = r % hs;
+      const int src = head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2);
+      std::memcpy(out.data() + static_cast<size_t>(r) * t->row_bytes,
+                  t->data + static_cast<size_t>(src) * t->row_bytes, t->row_bytes);
+    }
+    converted_.push_back(std::move(out));
+    t->data = converted_.back().data();
+  };
+  auto neox_vec = [&](const float** v, int n) {
+    std::vector<uint8_t> out(static_cast<size_t>(n) * sizeof(float));
+    float* o = reinterpret_cast<float*>(out.data());
+    for (int r = 0; r < n; ++r) {
+      const int head = r / hs, j = r % hs;
+      o[r] = (*v)[head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2)];
+    }
+    converted_.push_back(std::move(out));
+    *v = reinterpret_cast<const float*>(converted_.back().data());
   };
   converted_.reserve(static_cast<size_t>(c.n_layers) * 9 + 4);
   const uint64_t d = c.dim, kv = c.kv_dim(), h = c.hidden_dim;
@@ -204,12 +315,43 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     layer_view v{};
     for (auto r : {load(p + "attn_q.weight", d, d, &t.wq), load(p + "attn_k.weight", d, kv, &t.wk),
                    load(p + "attn_v.weight", d, kv, &t.wv),
-                   load(p + "attn_output.weight", d, d, &t.wo),
-                   load(p + "ffn_gate.weight", d, h, &t.w1),
-                   load(p + "ffn_down.weight", h, d, &t.w2),
-                   load(p + "ffn_up.weight", d, h, &t.w3), norm(p + "attn_norm.weight", &v.rms_att),
+                   load(p + "attn_output.weight", d, d, &t.wo), norm(p + "attn_norm.weight", &v.rms_att),
                    norm(p + "ffn_norm.weight", &v.rms_ffn)})
       if (!r) return r;
+    if (!c.moe()) {
+      for (auto r : {load(p + "ffn_gate.weight", d, h, &t.w1), load(p + "ffn_down.weight", h, d, &t.w2),
+                     load(p + "ffn_up.weight", d, h, &t.w3)})
+        if (!r) return r;
+    } else {
+      moe_layer_view m;
+      const uint64_t E = c.n_experts, sh = c.shared_hidden;
+      if (!g.find_tensor(p + "ffn_gate_inp.weight"))
+        return make_error(name + ": missing tensor " + p + "ffn_gate_inp.weight (the router; " + a +
+                          "expert_count is " + std::to_string(E) + ")");
+      for (auto r : {load(p + "ffn_gate_inp.weight", d, E, &m.router),
+                     load_experts(p + "ffn_gate_exps.weight", d, h, &m.w1),
+                     load_experts(p + "ffn_down_exps.weight", h, d, &m.w2),
+                     load_experts(p + "ffn_up_exps.weight", d, h, &m.w3)})
+        if (!r) return r;
+      if (sh)
+        for (auto r : {vec(p + "ffn_gate_inp_shexp.weight", c.dim, &m.shared_gate),
+                       load(p + "ffn_gate_shexp.weight", d, sh, &m.sw1),
+                       load(p + "ffn_down_shexp.weight", sh, d, &m.sw2),
+                       load(p + "ffn_up_shexp.weight", d, sh, &m.sw3)})
+          if (!r) return r;
+      if (qwen) {
+        if (c.qkv_bias)
+          for (auto r : {vec(p + "attn_q.bias", c.dim, &m.bq),
+                         vec(p + "attn_k.bias", c.kv_dim(), &m.bk),
+                         vec(p + "attn_v.bias", c.kv_dim(), &m.bv)})
+            if (!r) return r;
+        neox_rows(&t.wq);
+        neox_rows(&t.wk);
+        if (m.bq) neox_vec(&m.bq, c.dim);
+        if (m.bk) neox_vec(&m.bk, c.kv_dim());
+      }
+      m_layers_.push_back(std::move(m));
+    }
     v.wq = f32_of(t.wq);
     v.wk = f32_of(t.wk);
     v.wv = f32_of(t.wv);
@@ -241,7 +383,10 @@ result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype 
   std::vector<float> row;
   for (const auto& t : g->tensors()) {
     kernels::dtype src;
-    const bool matrix = t.ne.size() == 2 && t.ne[0] % 32 == 0 &&
+    // Matrices and 3-D expert tensors; routers stay as they are (as llama.cpp's
+    // quantize keeps ffn_gate_inp: a small matrix whose rounding moves routing).
+    const bool router = t.name.find("ffn_gate_inp") != std::string::npos;
+    const bool matrix = (t.ne.size() == 2 || t.ne.size() == 3) && t.ne[0] % 32 == 0 && !router &&
                         t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
                         kernels::dtype_from_ggml(t.type, &src);
     if (!matrix) {

@@ -1,6 +1,7 @@
 #include "model/synth.hpp"
 
 #include "model/checkpoint.hpp"
+#include "model/gguf.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -125,6 +126,97 @@ std::vector<uint8_t> synth_bytes(const config& c, uint64_t seed) {
     out.insert(out.end(), b, b + n);
   });
   return out;
+}
+
+std::vector<uint8_t> synth_gguf(const config& c, uint64_t seed) {
+  const bool qwen = c.shared_hidden > 0;
+  const std::string arch = qwen ? "qwen2moe" : "llama", a = arch + ".";
+  gguf::writer g;
+  g.set_string("general.architecture", arch);
+  g.set_string("general.name", "cellshard synth seed " + std::to_string(seed));
+  g.set_u32(a + "context_length", static_cast<uint32_t>(c.seq_len));
+  g.set_u32(a + "embedding_length", static_cast<uint32_t>(c.dim));
+  g.set_u32(a + "block_count", static_cast<uint32_t>(c.n_layers));
+  g.set_u32(a + "feed_forward_length", static_cast<uint32_t>(qwen ? c.shared_hidden : c.hidden_dim));
+  g.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_heads));
+  g.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
+  g.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  g.set_f32(a + "rope.freq_base", 10000.0f);
+  g.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.head_size()));
+  if (c.n_experts > 0) {
+    g.set_u32(a + "expert_count", static_cast<uint32_t>(c.n_experts));
+    g.set_u32(a + "expert_used_count", static_cast<uint32_t>(c.n_experts_used));
+  }
+  if (qwen) {
+    g.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.hidden_dim));
+    g.set_u32(a + "expert_shared_feed_forward_length", static_cast<uint32_t>(c.shared_hidden));
+  }
+  g.set_u32("general.file_type", 0);  // llama_ftype ALL_F32
+
+  splitmix64 rng{seed};
+  auto tensor = [&](const std::string& name, std::vector<uint64_t> ne, float scale, float offset) {
+    uint64_t n = 1;
+    for (uint64_t v : ne) n *= v;
+    std::vector<uint8_t> data(n * 4);
+    for (uint64_t i = 0; i < n; ++i) {
+      const float f = offset + scale * rng.uniform();
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      if (host_is_big_endian()) u = __builtin_bswap32(u);
+      std::memcpy(&data[i * 4], &u, 4);
+    }
+    g.add_tensor(name, std::move(ne), gguf::ggml_type::f32, std::move(data));
+  };
+  auto matrix = [&](const std::string& name, std::vector<uint64_t> ne) {
+    const float s = std::sqrt(3.0f / static_cast<float>(ne[0]));  // ne[0] = fan_in
+    tensor(name, std::move(ne), s, 0.0f);
+  };
+  const uint64_t d = c.dim, kv = c.kv_dim(), h = c.hidden_dim, V = c.vocab_size,
+                 E = c.n_experts, sh = c.shared_hidden;
+  tensor("token_embd.weight", {d, V}, std::sqrt(3.0f / static_cast<float>(d)), 0.0f);
+  tensor("output_norm.weight", {d}, 0.1f, 1.0f);
+  if (!c.shared_classifier) matrix("output.weight", {d, V});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    tensor(p + "attn_norm.weight", {d}, 0.1f, 1.0f);
+    matrix(p + "attn_q.weight", {d, d});
+    matrix(p + "attn_k.weight", {d, kv});
+    matrix(p + "attn_v.weight", {d, kv});
+    if (qwen) {
+      tensor(p + "attn_q.bias", {d}, 0.1f, 0.0f);
+      tensor(p + "attn_k.bias", {kv}, 0.1f, 0.0f);
+      tensor(p + "attn_v.bias", {kv}, 0.1f, 0.0f);
+    }
+    matrix(p + "attn_output.weight", {d, d});
+    tensor(p + "ffn_norm.weight", {d}, 0.1f, 1.0f);
+    if (E == 0) {
+      matrix(p + "ffn_gate.weight", {d, h});
+      matrix(p + "ffn_up.weight", {d, h});
+      matrix(p + "ffn_down.weight", {h, d});
+      continue;
+    }
+    matrix(p + "ffn_gate_inp.weight", {d, E});
+    matrix(p + "ffn_gate_exps.weight", {d, h, E});
+    matrix(p + "ffn_up_exps.weight", {d, h, E});
+    matrix(p + "ffn_down_exps.weight", {h, d, E});
+    if (qwen) {
+      matrix(p + "ffn_gate_inp_shexp.weight", {d});
+      matrix(p + "ffn_gate_shexp.weight", {d, sh});
+      matrix(p + "ffn_up_shexp.weight", {d, sh});
+      matrix(p + "ffn_down_shexp.weight", {sh, d});
+    }
+  }
+  return g.bytes();
+}
+
+result<void> synth_gguf_file(const config& c, uint64_t seed, const std::string& path) {
+  const auto bytes = synth_gguf(c, seed);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return make_error(path + ": cannot create: " + std::strerror(errno));
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  if (std::fclose(f) != 0) ok = false;
+  if (!ok) return make_error(path + ": write failed: " + std::strerror(errno));
+  return {};
 }
 
 }  // namespace cellshard::model

@@ -32,4 +32,20 @@ result<void> synth_file(const config& c, uint64_t seed, const std::string& path)
 /// The checkpoint as bytes in memory.
 std::vector<uint8_t> synth_bytes(const config& c, uint64_t seed);
 
+/// A GGUF image (version 3, little-endian, every tensor F32) of seeded random
+/// weights, for mixture-of-experts models (llama2.c has no MoE format; dense
+/// configs work too). Architecture "llama" (Mixtral-style: router, 3-D expert
+/// tensors, renormalised top-k) when c.shared_hidden is 0, else "qwen2moe"
+/// (a shared expert of c.shared_hidden units with its sigmoid gate, Q/K/V
+/// biases, NEOX RoPE, no renormalisation); tensor names and shapes as
+/// model/gguf_model.cpp reads them, output.weight only when
+/// !c.shared_classifier. Matrices uniform in [-a, a], a = sqrt(3 / fan_in);
+/// the embedding's rows at 1/dim variance as synth_write's; norm weights
+/// 1 + 0.1 u and biases 0.1 u (u uniform in [-1, 1)) so that they matter.
+/// No tokenizer keys: pass a tokenizer of c.vocab_size tokens with -z.
+/// Requires c.n_experts_used <= c.n_experts (checked by the loader).
+std::vector<uint8_t> synth_gguf(const config& c, uint64_t seed);
+/// Writes synth_gguf(c, seed) to `path`; errors name the file.
+result<void> synth_gguf_file(const config& c, uint64_t seed, const std::string& path);
+
 }  // namespace cellshard::model

@@ -1,6 +1,7 @@
 #include "model/transformer.hpp"
 
 #include "kernels/reference.hpp"
+#include "model/moe.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -76,6 +77,19 @@ void matmul(const kernels::backend& be, float* out, int ldo, const matrix& m, co
   }
 }
 
+namespace {
+
+// A slice's Q/K/V bias rows (qwen2moe), counted in *bytes.
+void set_biases(shard_weights::layer& L, const moe_layer_view& m, int q0, int k0, int nq, int nk,
+                uint64_t* bytes) {
+  if (m.bq) L.bq = m.bq + q0;
+  if (m.bk) L.bk = m.bk + k0;
+  if (m.bv) L.bv = m.bv + k0;
+  if (m.bq) *bytes += static_cast<uint64_t>(nq + 2 * nk) * sizeof(float);
+}
+
+}  // namespace
+
 result<std::shared_ptr<const shard_weights>> shard_weights::make(
     std::shared_ptr<const model_file> file, slice_spec spec, weight_format fmt,
     kernels::matmul_mode matmul) {
@@ -133,8 +147,8 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
     w->bytes_ += m.bytes();
     return m;
   };
-  w->owned_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
-  w->owned_q4_.reserve(static_cast<size_t>(spec.n_layers()) * 7 + 1);
+  w->owned_.reserve(static_cast<size_t>(spec.n_layers()) * (7 + 3 * c.n_experts) + 1);
+  w->owned_q4_.reserve(static_cast<size_t>(spec.n_layers()) * (7 + 3 * c.n_experts) + 1);
   if (file->quantized()) return make_q8(std::move(w));
   if (file->has_non_f32()) return make_typed(std::move(w));
   w->emb_ = view(file->token_embedding(), c.vocab_size, d, d);
@@ -147,9 +161,30 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
     L.wk = finish(view(v.wk + static_cast<size_t>(k0) * d, nk, d, d));
     L.wv = finish(view(v.wv + static_cast<size_t>(k0) * d, nk, d, d));
     L.wo = finish(view(v.wo + q0, d, nq, d));
-    L.w1 = finish(view(v.w1 + static_cast<size_t>(f0) * d, nf, d, d));
-    L.w3 = finish(view(v.w3 + static_cast<size_t>(f0) * d, nf, d, d));
-    L.w2 = finish(view(v.w2 + f0, d, nf, h));
+    if (!c.moe()) {
+      L.w1 = finish(view(v.w1 + static_cast<size_t>(f0) * d, nf, d, d));
+      L.w3 = finish(view(v.w3 + static_cast<size_t>(f0) * d, nf, d, d));
+      L.w2 = finish(view(v.w2 + f0, d, nf, h));
+    } else {
+      const moe_layer_view& m = file->moe_layer(l);
+      auto f = [](const tensor_view& t) { return reinterpret_cast<const float*>(t.data); };
+      L.router = view(f(m.router), c.n_experts, d, d);  // llama.cpp's quantize keeps routers too
+      w->bytes_ += L.router.bytes();
+      for (int e = 0; e < c.n_experts; ++e) {
+        L.ew1.push_back(finish(view(f(m.w1[e]) + static_cast<size_t>(f0) * d, nf, d, d)));
+        L.ew3.push_back(finish(view(f(m.w3[e]) + static_cast<size_t>(f0) * d, nf, d, d)));
+        L.ew2.push_back(finish(view(f(m.w2[e]) + f0, d, nf, h)));
+      }
+      if (c.shared_hidden && f0 == 0) {
+        const int sh = c.shared_hidden;
+        L.sw1 = finish(view(f(m.sw1), sh, d, d));
+        L.sw3 = finish(view(f(m.sw3), sh, d, d));
+        L.sw2 = finish(view(f(m.sw2), d, sh, sh));
+        L.shared_gate = m.shared_gate;
+        w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
+      }
+      set_biases(L, m, q0, k0, nq, nk, &w->bytes_);
+    }
     w->bytes_ += 2ull * d * sizeof(float);
     w->layers_.push_back(L);
   }
@@ -299,7 +334,7 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
     w->bytes_ += m.bytes();
     return m;
   };
-  w->owned_f32_.reserve(static_cast<size_t>(spec.n_layers()) * 2);
+  w->owned_f32_.reserve(static_cast<size_t>(spec.n_layers()) * (2 + c.n_experts));
   for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
     const layer_view v = file.layer(l);
     const typed_layer_view t = file.typed_layer(l);
@@ -310,9 +345,27 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
     L.wk = rows_of(t.wk, k0, nk);
     L.wv = rows_of(t.wv, k0, nk);
     L.wo = cols_of(t.wo, q0, nq);
-    L.w1 = rows_of(t.w1, f0, nf);
-    L.w3 = rows_of(t.w3, f0, nf);
-    L.w2 = cols_of(t.w2, f0, nf);
+    if (!c.moe()) {
+      L.w1 = rows_of(t.w1, f0, nf);
+      L.w3 = rows_of(t.w3, f0, nf);
+      L.w2 = cols_of(t.w2, f0, nf);
+    } else {
+      const moe_layer_view& m = file.moe_layer(l);
+      L.router = rows_of(m.router, 0, c.n_experts);
+      for (int e = 0; e < c.n_experts; ++e) {
+        L.ew1.push_back(rows_of(m.w1[e], f0, nf));
+        L.ew3.push_back(rows_of(m.w3[e], f0, nf));
+        L.ew2.push_back(cols_of(m.w2[e], f0, nf));
+      }
+      if (c.shared_hidden && f0 == 0) {
+        L.sw1 = rows_of(m.sw1, 0, c.shared_hidden);
+        L.sw3 = rows_of(m.sw3, 0, c.shared_hidden);
+        L.sw2 = cols_of(m.sw2, 0, c.shared_hidden);
+        L.shared_gate = m.shared_gate;
+        w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
+      }
+      set_biases(L, m, q0, k0, nq, nk, &w->bytes_);
+    }
     w->bytes_ += 2ull * d * sizeof(float);
     w->layers_.push_back(L);
   }
@@ -383,9 +436,16 @@ scratch::scratch(const shard_weights& w) {
   q.resize(nq);
   attn.resize(nq);
   att.resize(static_cast<size_t>(w.n_heads_local()) * c.seq_len);
-  hb.resize(w.spec().ffn_units());
-  hb2.resize(w.spec().ffn_units());
+  const int units = std::max(w.spec().ffn_units(), c.shared_hidden);
+  hb.resize(units);
+  hb2.resize(units);
   partial.resize(c.dim);
+  if (c.moe()) {
+    router.resize(c.n_experts);
+    expert_out.resize(c.dim);
+    route_w.resize(c.n_experts_used);
+    route_ids.resize(c.n_experts_used);
+  }
   dim_ = c.dim;
   nq_ = nq;
   units_ = w.spec().ffn_units();
@@ -413,6 +473,11 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
   matvec(be, s.q.data(), L.wq, s.xb.data(), w.matmul());
   matvec(be, k, L.wk, s.xb.data(), w.matmul());
   matvec(be, v, L.wv, s.xb.data(), w.matmul());
+  if (L.bq) {
+    for (int i = 0; i < L.wq.rows; ++i) s.q[i] += L.bq[i];
+    for (int i = 0; i < L.wk.rows; ++i) k[i] += L.bk[i];
+    for (int i = 0; i < L.wv.rows; ++i) v[i] += L.bv[i];
+  }
   be.rope(s.q.data(), L.wq.rows, k, L.wk.rows, pos, c.head_size());
   be.attention(s.attn.data(), s.q.data(), kv.key(li, 0), kv.value(li, 0), s.att.data(),
                w.n_heads_local(), c.kv_mul(), c.head_size(), kv.kv_dim(), pos);
@@ -424,6 +489,10 @@ void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, cons
   const config& c = w.cfg();
   const auto& L = w.at(l);
   be.rmsnorm(s.xb.data(), x, L.rms_ffn, c.dim);
+  if (c.moe()) {
+    moe_ffn(be, w, l, s.xb.data(), s, partial);
+    return;
+  }
   matvec(be, s.hb.data(), L.w1, s.xb.data(), w.matmul());
   matvec(be, s.hb2.data(), L.w3, s.xb.data(), w.matmul());
   be.swiglu(s.hb.data(), s.hb2.data(), L.w1.rows);
@@ -444,6 +513,15 @@ void attention_partial_batch(const kernels::backend& be, const shard_weights& w,
   matmul(be, s.q_n.data(), nq, L.wq, s.xb_n.data(), dim, n, w.matmul());
   matmul(be, kv.key(li, pos0), kvd, L.wk, s.xb_n.data(), dim, n, w.matmul());
   matmul(be, kv.value(li, pos0), kvd, L.wv, s.xb_n.data(), dim, n, w.matmul());
+  if (L.bq)  // qwen2moe's biases, as attention_partial adds them
+    for (int i = 0; i < n; ++i) {
+      float* q = s.q_n.data() + static_cast<size_t>(i) * nq;
+      float* k = kv.key(li, pos0 + i);
+      float* v = kv.value(li, pos0 + i);
+      for (int j = 0; j < nq; ++j) q[j] += L.bq[j];
+      for (int j = 0; j < nk; ++j) k[j] += L.bk[j];
+      for (int j = 0; j < L.wv.rows; ++j) v[j] += L.bv[j];
+    }
   for (int i = 0; i < n; ++i) {
     float* q = s.q_n.data() + static_cast<size_t>(i) * nq;
     be.rope(q, nq, kv.key(li, pos0 + i), nk, pos0 + i, c.head_size());
@@ -458,6 +536,11 @@ void ffn_partial_batch(const kernels::backend& be, const shard_weights& w, int l
   const config& c = w.cfg();
   const auto& L = w.at(l);
   const int dim = c.dim, u = L.w1.rows;
+  if (c.moe()) {  // each position routes to its own experts: one position at a time
+    for (int i = 0; i < n; ++i)
+      ffn_partial(be, w, l, x + static_cast<size_t>(i) * dim, s, partial + static_cast<size_t>(i) * dim);
+    return;
+  }
   s.batch(n);
   for (int i = 0; i < n; ++i)
     be.rmsnorm(s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_ffn,

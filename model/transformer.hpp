@@ -82,8 +82,23 @@ public:
     matrix wk, wv;            // [n_kv_local*head_size x dim]
     matrix wo;                // [dim x n_heads_local*head_size] (column slice)
     const float* rms_ffn;     // [dim]
-    matrix w1, w3;            // [units x dim]
+    matrix w1, w3;            // [units x dim] (dense models)
     matrix w2;                // [dim x units] (column slice)
+    // Mixture of experts (config::moe(); model/moe.hpp). Every shard of a
+    // layer holds the whole router and, of every routed expert, the same
+    // units [ffn_begin, ffn_end) as a dense slice (the partial sums add up
+    // as for a dense FFN); the shared expert, whole, only on the shard whose
+    // slice starts at unit 0 (sw1.rows == 0 elsewhere and when absent).
+    matrix router;                   // [n_experts x dim], never quantized at load
+    std::vector<matrix> ew1, ew3;    // per expert [units x dim]
+    std::vector<matrix> ew2;         // per expert [dim x units] (column slice)
+    matrix sw1, sw3;                 // shared expert [shared_hidden x dim]
+    matrix sw2;                      // [dim x shared_hidden]
+    const float* shared_gate = nullptr;  // [dim]: sigmoid(shared_gate . x) scales sw2's output
+    // Q/K/V biases (qwen2moe), this slice's rows; null when absent.
+    const float* bq = nullptr;
+    const float* bk = nullptr;
+    const float* bv = nullptr;
   };
 
   /// Builds the slice `spec` of `file`. Errors when the spec is out of the
@@ -180,6 +195,10 @@ private:
 struct scratch {
   explicit scratch(const shard_weights& w);
   std::vector<float> xb, q, attn, att, hb, hb2, partial;
+  // Mixture of experts: router probabilities [n_experts], one expert's output
+  // [dim], the chosen experts and their weights [n_experts_used].
+  std::vector<float> router, expert_out, route_w;
+  std::vector<int> route_ids;
   std::vector<float> xb_n, q_n, attn_n, hb_n, hb2_n, partial_n;
   void batch(int n);
 
@@ -194,7 +213,9 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
                        const float* x, int pos, kv_cache& kv, scratch& s, float* partial);
 
 /// FFN half of layer `l`: rmsnorm(x), SwiGLU over this slice's units, partial =
-/// w2_slice · h. x [dim] read only; partial [dim] written.
+/// w2_slice · h. x [dim] read only; partial [dim] written. For a mixture of
+/// experts the SwiGLU is model/moe.hpp's moe_ffn (router, top-k, the chosen
+/// experts' slices, the shared expert).
 void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, const float* x,
                  scratch& s, float* partial);
 
@@ -210,7 +231,8 @@ void attention_partial_batch(const kernels::backend& be, const shard_weights& w,
                              float* partial);
 
 /// The FFN half for n positions: x, partial [n x dim]; bit-identical to n
-/// ffn_partial() calls.
+/// ffn_partial() calls (a mixture of experts is exactly those n calls: each
+/// position routes to its own experts).
 void ffn_partial_batch(const kernels::backend& be, const shard_weights& w, int l, const float* x,
                        int n, scratch& s, float* partial);
 

@@ -54,7 +54,10 @@ nlohmann::json config_json(const model::config& c) {
   return {{"dim", c.dim},           {"hidden_dim", c.hidden_dim}, {"n_layers", c.n_layers},
           {"n_heads", c.n_heads},   {"n_kv_heads", c.n_kv_heads}, {"vocab_size", c.vocab_size},
           {"seq_len", c.seq_len},   {"shared_classifier", c.shared_classifier},
-          {"params", c.total_params()}};
+          {"params", c.total_params()}, {"experts", c.n_experts},
+          {"experts_used", c.n_experts_used}, {"shared_expert_hidden", c.shared_hidden},
+          {"active_params", c.total_params() - c.layer_params() * c.n_layers +
+                                c.active_layer_params() * c.n_layers}};
 }
 
 int do_inspect(const inspect_opts& o) {
@@ -216,6 +219,12 @@ int do_inspect(const inspect_opts& o) {
                 "%llu parameters\n",
                 c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
                 c.shared_classifier ? "shared" : "separate", static_cast<unsigned long long>(c.total_params()));
+    if (c.moe())
+      std::printf("experts: %d per layer, %d used per token, expert hidden %d%s%s, %llu active parameters\n",
+                  c.n_experts, c.n_experts_used, c.hidden_dim,
+                  c.shared_hidden ? (", shared expert hidden " + std::to_string(c.shared_hidden)).c_str() : "",
+                  c.norm_topk ? ", top-k weights renormalised" : ", top-k weights not renormalised",
+                  static_cast<unsigned long long>(j["config"]["active_params"].get<uint64_t>()));
   } else {
     std::printf("shape: none (no tensors: a vocabulary-only file)\n");
   }

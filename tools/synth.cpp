@@ -4,6 +4,7 @@
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -29,11 +30,12 @@ void add_synth(CLI::App& app, int& status) {
     std::string preset = "stories260k", out;
     int dim = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, vocab = 0, seq_len = 0;
     bool unshared = false;
+    int experts = 0, experts_used = 0, shared_experts = 0;
     uint64_t seed = 1;
     uint64_t max_bytes = 64ull << 30;
   };
   auto o = std::make_shared<opts>();
-  auto* cmd = app.add_subcommand("synth", "write a llama2.c checkpoint of seeded random weights");
+  auto* cmd = app.add_subcommand("synth", "write a llama2.c checkpoint (GGUF with --experts) of seeded random weights");
   cmd->add_option("--config", o->preset,
                   "stories260k|stories15m|stories42m|stories110m|custom (custom starts from "
                   "stories260k; the shape flags override any preset)")
@@ -46,6 +48,13 @@ void add_synth(CLI::App& app, int& status) {
   cmd->add_option("--vocab", o->vocab, "vocabulary size");
   cmd->add_option("--seq-len", o->seq_len, "context length");
   cmd->add_flag("--unshared-classifier", o->unshared, "write a separate classifier matrix");
+  cmd->add_option("--experts", o->experts,
+                  "routed experts per layer: writes a GGUF mixture-of-experts model (llama2.c has "
+                  "no MoE format); --hidden is then one expert's width");
+  cmd->add_option("--experts-used", o->experts_used, "experts chosen per token (default 2, at most --experts)");
+  cmd->add_option("--shared-experts", o->shared_experts,
+                  "shared experts of --hidden units each (architecture qwen2moe: one shared expert of "
+                  "S x hidden units behind a sigmoid gate; 0 = Mixtral-style llama)");
   cmd->add_option("-s,--seed", o->seed, "seed")->capture_default_str();
   cmd->add_option("-o,--output", o->out, "output file")->required();
   cmd->add_option("--max-size", o->max_bytes, "refuse shapes whose file exceeds this many bytes")
@@ -62,6 +71,24 @@ void add_synth(CLI::App& app, int& status) {
     if (o->vocab) c.vocab_size = o->vocab;
     if (o->seq_len) c.seq_len = o->seq_len;
     if (o->unshared) c.shared_classifier = false;
+    if (o->experts_used && !o->experts) throw cli_error("synth: --experts-used needs --experts", 2);
+    if (o->shared_experts && !o->experts) throw cli_error("synth: --shared-experts needs --experts", 2);
+    if (o->experts) {
+      if (o->experts < 0 || o->experts > 4096)
+        throw cli_error("synth: --experts is " + std::to_string(o->experts) + ", expected 1..4096", 2);
+      const int used = o->experts_used ? o->experts_used : std::min(2, o->experts);
+      if (used < 1 || used > o->experts)
+        throw cli_error("synth: --experts-used is " + std::to_string(used) + ", expected 1..--experts (" +
+                            std::to_string(o->experts) + ")",
+                        2);
+      if (o->shared_experts < 0 || o->shared_experts > 64)
+        throw cli_error("synth: --shared-experts is " + std::to_string(o->shared_experts) + ", expected 0..64", 2);
+      c.n_experts = o->experts;
+      c.n_experts_used = used;
+      c.shared_hidden = o->shared_experts * c.hidden_dim;
+      c.norm_topk = c.shared_hidden == 0;
+      c.arch = c.shared_hidden ? "qwen2moe" : "llama";
+    }
     // The size first, in long double (a shape's size can exceed 64 bits).
     {
       const long double d = c.dim, h = c.hidden_dim, hs = c.n_heads > 0 ? c.dim / c.n_heads : 0,
@@ -73,6 +100,33 @@ void add_synth(CLI::App& app, int& status) {
         throw cli_error("synth: " + c.to_string() + " makes a file of " + human_bytes(bytes) + ", expected at most " +
                             human_bytes(o->max_bytes) + " (--max-size BYTES raises the limit)",
                         2);
+    }
+    if (c.moe()) {
+      const long double d = c.dim, h = c.hidden_dim, hs = c.n_heads > 0 ? c.dim / c.n_heads : 0,
+                        kv = c.n_kv_heads * hs, emb = static_cast<long double>(c.vocab_size) * d,
+                        e = c.n_experts, sh = c.shared_hidden;
+      const long double bytes =
+          4 * (emb * (c.shared_classifier ? 1 : 2) + d +
+               (4 * d + 2 * d * d + 2 * d * kv + d * e + 3 * d * h * e + 3 * d * sh + 2 * kv + d) *
+                   c.n_layers);
+      if (bytes > static_cast<long double>(o->max_bytes))
+        throw cli_error("synth: " + c.to_string() + " makes a file of " + human_bytes(bytes) +
+                            ", expected at most " + human_bytes(o->max_bytes) +
+                            " (--max-size BYTES raises the limit)",
+                        2);
+      // Built in memory and checked by the loader itself before a byte is written.
+      auto img = model::synth_gguf(c, o->seed);
+      auto chk = model::model_file::from_bytes(img, "synth --experts");
+      if (!chk) throw cli_error(chk.message(), 2);
+      std::FILE* f = std::fopen(o->out.c_str(), "wb");
+      if (!f) throw cli_error(o->out + ": cannot create: " + std::strerror(errno));
+      const bool ok = std::fwrite(img.data(), 1, img.size(), f) == img.size();
+      if (std::fclose(f) != 0 || !ok) throw cli_error(o->out + ": write failed: " + std::strerror(errno));
+      std::fprintf(stderr, "wrote %s: GGUF %s, %.1f MiB, seed %llu\n", o->out.c_str(),
+                   (*chk)->cfg().to_string().c_str(), img.size() / 1048576.0,
+                   static_cast<unsigned long long>(o->seed));
+      status = 0;
+      return;
     }
     // Validate the shape with the loader's own header check.
     int32_t raw[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,

@@ -175,7 +175,13 @@ result<weight_format> find_weight_format(std::string_view name) {
 
 weight_format weight_format_of(const model::model_file& file, weight_format requested) {
   if (!file.has_non_f32()) return requested;
-  const model::typed_layer_view t = file.typed_layer(0);
+  model::typed_layer_view t = file.typed_layer(0);
+  if (file.cfg().moe()) {  // the FFN's matrices are the experts'
+    const auto& m = file.moe_layer(0);
+    t.w1 = m.w1[0];
+    t.w2 = m.w2[0];
+    t.w3 = m.w3[0];
+  }
   // Indexed by weight_format::matrix_kind.
   const model::tensor_view views[] = {t.wq, t.wk, t.wv, t.wo, t.w1, t.w2, t.w3,
                                       file.typed_embedding(), file.typed_classifier()};
@@ -211,14 +217,24 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
   constexpr uint64_t f32 = sizeof(float);
 
   using K = weight_format;
+  // A mixture of experts holds f units of every expert, the f32 router
+  // [experts x dim], and (counted on every shard: an upper bound for tensor
+  // ranks other than the first) the shared expert, its gate and the biases.
+  const uint64_t experts = cfg.moe() ? static_cast<uint64_t>(cfg.n_experts) : 1;
+  const uint64_t sh = static_cast<uint64_t>(cfg.shared_hidden);
+  const uint64_t moe_extra =
+      cfg.moe() ? experts * d * f32 + (sh ? 2 * sh * w.row_bytes(K::w1, d) + d * w.row_bytes(K::w2, sh) + d * f32
+                                          : 0) +
+                      (cfg.qkv_bias ? (q_rows + 2 * kv_rows) * f32 : 0)
+                : 0;
   const uint64_t per_layer = q_rows * w.row_bytes(K::wq, d)     // wq [q_rows x dim]
                              + kv_rows * w.row_bytes(K::wk, d)  // wk [kv_rows x dim]
                              + kv_rows * w.row_bytes(K::wv, d)  // wv [kv_rows x dim]
                              + d * w.row_bytes(K::wo, q_rows)   // wo [dim x q_rows]
-                             + f * w.row_bytes(K::w1, d)        // w1 [f x dim]
-                             + f * w.row_bytes(K::w3, d)        // w3 [f x dim]
-                             + d * w.row_bytes(K::w2, f)        // w2 [dim x f]
-                             + 2 * d * f32;                     // rms_att, rms_ffn [dim]
+                             + experts * (f * w.row_bytes(K::w1, d)   // w1 [f x dim]
+                                          + f * w.row_bytes(K::w3, d)  // w3 [f x dim]
+                                          + d * w.row_bytes(K::w2, f))  // w2 [dim x f]
+                             + moe_extra + 2 * d * f32;         // rms_att, rms_ffn [dim]
   const uint64_t table = v * w.row_bytes(K::embedding, d);      // [vocab x dim]
   const uint64_t cls_table = v * w.row_bytes(K::classifier, d);
 

@@ -1,0 +1,505 @@
+// Mixture of experts (model/moe.hpp): llama.cpp's greedy ids on
+// moe-small-f32.gguf on every backend, the router's tie rule and
+// renormalisation against plain math, the MoE block and whole models
+// (Mixtral-style llama and qwen2moe from synth_gguf) against an independent
+// float64 forward pass written here from the published formulas, and the
+// loader's errors for bad MoE files.
+#include "kernels/backend.hpp"
+#include "model/gguf.hpp"
+#include "model/moe.hpp"
+#include "model/synth.hpp"
+#include "model/transformer.hpp"
+#include "tests/support.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <numeric>
+
+using namespace cellshard;
+
+namespace {
+
+const char* const kBackends[] = {"reference", "blas", "spe", "native"};
+
+std::shared_ptr<const model::model_file> open_shared(const std::string& rel) {
+  auto f = model::model_file::open(test::shared_file(rel));
+  INFO((f.ok() ? std::string() : f.message()));
+  REQUIRE(f.ok());
+  return *f;
+}
+
+// Greedy continuation of `ids` by `n` argmax tokens (first maximal index).
+std::vector<int> greedy(std::shared_ptr<const model::model_file> f, std::vector<int> ids, int n,
+                        const char* backend, std::vector<std::vector<float>>* logits = nullptr) {
+  auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg()));
+  REQUIRE(w.ok());
+  const kernels::backend* be = kernels::find_backend(backend);
+  REQUIRE(be != nullptr);
+  model::engine eng(*w, *be);
+  std::vector<int> gen;
+  const size_t np = ids.size();
+  for (size_t p = 0; p + 1 < np + n; ++p) {
+    const float* l = eng.forward(ids[p], static_cast<int>(p));
+    if (p + 1 >= np) {
+      if (logits) logits->emplace_back(l, l + f->cfg().vocab_size);
+      const int next = static_cast<int>(std::max_element(l, l + f->cfg().vocab_size) - l);
+      gen.push_back(next);
+      ids.push_back(next);
+    }
+  }
+  return gen;
+}
+
+// ---------------------------------------------------------------------------
+// An independent float64 forward pass over an all-F32 GGUF file, straight
+// from the formulas (Llama: RMSNorm, RoPE, GQA attention, SwiGLU; Mixtral
+// routing: softmax, top-k, renormalise; qwen2moe: Q/K/V biases, NEOX RoPE on
+// the file's own row order, a sigmoid-gated shared expert, no renormalise).
+// It reads the tensors by name and shares no code with model/.
+struct ref_forward {
+  const model::gguf::file& g;
+  bool qwen = false;
+  int dim = 0, layers = 0, heads = 0, kv_heads = 0, hs = 0, vocab = 0, E = 0, K = 0;
+  int hidden = 0, shared = 0;
+  std::map<std::string, std::vector<double>> t;
+  std::vector<std::vector<double>> kc, vc;  // per layer: [pos][kv_heads * hs]
+
+  explicit ref_forward(const model::gguf::file& file) : g(file) {
+    const std::string arch = g.get_string("general.architecture").value(), a = arch + ".";
+    qwen = arch == "qwen2moe";
+    dim = static_cast<int>(g.get_int(a + "embedding_length").value());
+    layers = static_cast<int>(g.get_int(a + "block_count").value());
+    heads = static_cast<int>(g.get_int(a + "attention.head_count").value());
+    kv_heads = static_cast<int>(g.get_int(a + "attention.head_count_kv").value());
+    hs = dim / heads;
+    E = static_cast<int>(g.get_int(a + "expert_count").value());
+    K = static_cast<int>(g.get_int(a + "expert_used_count").value());
+    for (const auto& ti : g.tensors()) {
+      std::vector<double> v(ti.elements());
+      for (size_t i = 0; i < v.size(); ++i) v[i] = test::get_le_f32(ti.data + 4 * i);
+      t[ti.name] = std::move(v);
+      if (ti.name == "token_embd.weight") vocab = static_cast<int>(ti.ne[1]);
+      if (ti.name == "blk.0.ffn_gate_exps.weight") hidden = static_cast<int>(ti.ne[1]);
+      if (ti.name == "blk.0.ffn_gate_shexp.weight") shared = static_cast<int>(ti.ne[1]);
+    }
+    kc.resize(layers);
+    vc.resize(layers);
+  }
+  const std::vector<double>& T(const std::string& n) const {
+    auto it = t.find(n);
+    REQUIRE(it != t.end());
+    return it->second;
+  }
+  // out[r] = sum_c W[r * cols + c] x[c], W starting at element `off`.
+  static std::vector<double> mv(const std::vector<double>& W, size_t off, const std::vector<double>& x,
+                                int rows) {
+    const size_t cols = x.size();
+    std::vector<double> out(rows, 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c) out[r] += W[off + r * cols + c] * x[c];
+    return out;
+  }
+  static std::vector<double> rms(const std::vector<double>& x, const std::vector<double>& w) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double s = 1.0 / std::sqrt(ss / x.size() + 1e-5);
+    std::vector<double> o(x.size());
+    for (size_t i = 0; i < x.size(); ++i) o[i] = w[i] * x[i] * s;
+    return o;
+  }
+  void rope(std::vector<double>& v, int pos) const {
+    for (size_t h0 = 0; h0 < v.size(); h0 += hs)
+      for (int i = 0; i < hs / 2; ++i) {
+        const double ang = pos * std::pow(10000.0, -2.0 * i / hs);
+        // llama (converted files): pairs (2i, 2i+1); NEOX: pairs (i, i + hs/2).
+        const size_t a = h0 + (qwen ? i : 2 * i), b = h0 + (qwen ? i + hs / 2 : 2 * i + 1);
+        const double x0 = v[a], x1 = v[b];
+        v[a] = x0 * std::cos(ang) - x1 * std::sin(ang);
+        v[b] = x0 * std::sin(ang) + x1 * std::cos(ang);
+      }
+  }
+  static double silu(double v) { return v / (1.0 + std::exp(-v)); }
+  std::vector<double> ffn(const std::vector<double>& W1, const std::vector<double>& W3,
+                          const std::vector<double>& W2, size_t off13, size_t off2, int units,
+                          const std::vector<double>& x) const {
+    auto a = mv(W1, off13, x, units), b = mv(W3, off13, x, units);
+    for (int i = 0; i < units; ++i) a[i] = silu(a[i]) * b[i];
+    return mv(W2, off2, a, dim);
+  }
+  // The MoE block of layer l on the normalised input xb.
+  std::vector<double> moe(int l, const std::vector<double>& xb) const {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto logits = mv(T(p + "ffn_gate_inp.weight"), 0, xb, E);
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    double z = 0;
+    for (double& v : logits) z += (v = std::exp(v - mx));
+    for (double& v : logits) v /= z;
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    double wsum = 0;
+    for (int i = 0; i < K; ++i) wsum += logits[order[i]];
+    std::vector<double> out(dim, 0.0);
+    const size_t m13 = static_cast<size_t>(hidden) * dim, m2 = m13;
+    for (int i = 0; i < K; ++i) {
+      const int e = order[i];
+      const double wgt = qwen ? logits[e] : logits[e] / wsum;
+      auto y = ffn(T(p + "ffn_gate_exps.weight"), T(p + "ffn_up_exps.weight"),
+                   T(p + "ffn_down_exps.weight"), e * m13, e * m2, hidden, xb);
+      for (int j = 0; j < dim; ++j) out[j] += wgt * y[j];
+    }
+    if (qwen) {
+      const double gl = mv(T(p + "ffn_gate_inp_shexp.weight"), 0, xb, 1)[0];
+      const double gate = 1.0 / (1.0 + std::exp(-gl));
+      auto y = ffn(T(p + "ffn_gate_shexp.weight"), T(p + "ffn_up_shexp.weight"),
+                   T(p + "ffn_down_shexp.weight"), 0, 0, shared, xb);
+      for (int j = 0; j < dim; ++j) out[j] += gate * y[j];
+    }
+    return out;
+  }
+  std::vector<double> forward(int token, int pos) {
+    const auto& emb = T("token_embd.weight");
+    std::vector<double> x(emb.begin() + static_cast<size_t>(token) * dim,
+                          emb.begin() + static_cast<size_t>(token + 1) * dim);
+    const int kvd = kv_heads * hs;
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      auto xb = rms(x, T(p + "attn_norm.weight"));
+      auto q = mv(T(p + "attn_q.weight"), 0, xb, dim);
+      auto k = mv(T(p + "attn_k.weight"), 0, xb, kvd);
+      auto v = mv(T(p + "attn_v.weight"), 0, xb, kvd);
+      if (qwen) {
+        for (int i = 0; i < dim; ++i) q[i] += T(p + "attn_q.bias")[i];
+        for (int i = 0; i < kvd; ++i) k[i] += T(p + "attn_k.bias")[i];
+        for (int i = 0; i < kvd; ++i) v[i] += T(p + "attn_v.bias")[i];
+      }
+      rope(q, pos);
+      rope(k, pos);
+      kc[l].insert(kc[l].end(), k.begin(), k.end());
+      vc[l].insert(vc[l].end(), v.begin(), v.end());
+      std::vector<double> att(dim, 0.0);
+      for (int h = 0; h < heads; ++h) {
+        const int kvh = h / (heads / kv_heads);
+        std::vector<double> s(pos + 1);
+        double mx = -1e300;
+        for (int tt = 0; tt <= pos; ++tt) {
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += q[h * hs + i] * kc[l][tt * kvd + kvh * hs + i];
+          s[tt] = d / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, s[tt]);
+        }
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - mx));
+        for (int tt = 0; tt <= pos; ++tt)
+          for (int i = 0; i < hs; ++i) att[h * hs + i] += s[tt] / z * vc[l][tt * kvd + kvh * hs + i];
+      }
+      auto o = mv(T(p + "attn_output.weight"), 0, att, dim);
+      for (int i = 0; i < dim; ++i) x[i] += o[i];
+      auto ff = moe(l, rms(x, T(p + "ffn_norm.weight")));
+      for (int i = 0; i < dim; ++i) x[i] += ff[i];
+    }
+    auto xf = rms(x, T("output_norm.weight"));
+    const bool tied = g.find_tensor("output.weight") == nullptr;
+    return mv(T(tied ? "token_embd.weight" : "output.weight"), 0, xf, vocab);
+  }
+};
+
+std::vector<int> ref_greedy(const model::gguf::file& g, std::vector<int> ids, int n,
+                            std::vector<std::vector<double>>* logits = nullptr) {
+  ref_forward rf(g);
+  std::vector<int> gen;
+  const size_t np = ids.size();
+  for (size_t p = 0; p + 1 < np + n; ++p) {
+    auto l = rf.forward(ids[p], static_cast<int>(p));
+    if (p + 1 >= np) {
+      if (logits) logits->push_back(l);
+      const int next = static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
+      gen.push_back(next);
+      ids.push_back(next);
+    }
+  }
+  return gen;
+}
+
+// The smallest top-1 minus top-2 gap over a run's logits.
+double min_margin(const std::vector<std::vector<double>>& logits) {
+  double m = 1e300;
+  for (auto l : logits) {
+    std::partial_sort(l.begin(), l.begin() + 2, l.end(), std::greater<double>());
+    m = std::min(m, l[0] - l[1]);
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("moe: route_top_k chooses the largest and ties go to the lower index", "[moe][unit]") {
+  int ids[3];
+  float w[3];
+  SECTION("ties") {
+    const float p[6] = {0.1f, 0.3f, 0.1f, 0.3f, 0.05f, 0.15f};
+    model::route_top_k(p, 6, 3, false, ids, w);
+    CHECK(ids[0] == 1);
+    CHECK(ids[1] == 3);
+    CHECK(ids[2] == 5);
+    model::route_top_k(p, 6, 2, false, ids, w);
+    CHECK(ids[0] == 1);
+    CHECK(ids[1] == 3);
+    const float all_equal[4] = {0.25f, 0.25f, 0.25f, 0.25f};
+    model::route_top_k(all_equal, 4, 3, false, ids, w);
+    CHECK(ids[0] == 0);
+    CHECK(ids[1] == 1);
+    CHECK(ids[2] == 2);
+    CHECK(w[2] == 0.25f);
+  }
+  SECTION("renormalisation against plain math") {
+    const float p[5] = {0.05f, 0.4f, 0.2f, 0.1f, 0.25f};
+    model::route_top_k(p, 5, 3, true, ids, w);
+    CHECK(ids[0] == 1);
+    CHECK(ids[1] == 4);
+    CHECK(ids[2] == 2);
+    const double s = 0.4 + 0.25 + 0.2;
+    CHECK(w[0] == Approx(0.4 / s).epsilon(1e-6));
+    CHECK(w[1] == Approx(0.25 / s).epsilon(1e-6));
+    CHECK(w[2] == Approx(0.2 / s).epsilon(1e-6));
+    CHECK(double(w[0]) + w[1] + w[2] == Approx(1.0).epsilon(1e-6));
+    model::route_top_k(p, 5, 3, false, ids, w);  // qwen2moe: the probabilities themselves
+    CHECK(w[0] == 0.4f);
+    CHECK(w[1] == 0.25f);
+    CHECK(w[2] == 0.2f);
+  }
+  SECTION("NaN never wins over a number") {
+    const float p[3] = {std::nanf(""), 0.2f, 0.1f};
+    model::route_top_k(p, 3, 2, false, ids, w);
+    CHECK(ids[0] == 1);
+    CHECK(ids[1] == 2);
+  }
+}
+
+TEST_CASE("moe: moe-small-f32.gguf config", "[moe][gguf]") {
+  if (test::shared_file("models/gguf/moe-small-f32.gguf").empty()) return;
+  auto f = open_shared("models/gguf/moe-small-f32.gguf");
+  const auto& c = f->cfg();
+  CHECK(c.moe());
+  CHECK(c.arch == "llama");
+  CHECK(c.n_experts == 8);
+  CHECK(c.n_experts_used == 2);
+  CHECK(c.hidden_dim == 256);
+  CHECK(c.dim == 128);
+  CHECK(c.n_layers == 4);
+  CHECK(c.n_kv_heads == 4);
+  CHECK(c.shared_classifier);
+  CHECK(c.norm_topk);
+  CHECK(c.shared_hidden == 0);
+  CHECK(f->moe_layer(3).w2.size() == 8);
+  CHECK(f->moe_layer(3).w2[7].rows == 128);
+  CHECK(f->moe_layer(3).w2[7].cols == 256);
+  // Every weight, counted by the config, against the file's tensor data.
+  uint64_t elems = 0;
+  for (const auto& t : f->gguf()->tensors()) elems += t.elements();
+  CHECK(elems == c.total_params());
+}
+
+TEST_CASE("moe: llama.cpp's greedy ids on moe-small-f32.gguf on every backend", "[moe][gguf]") {
+  const auto ref_path = test::shared_file("models/gguf/gguf-small-reference-ids.json");
+  if (ref_path.empty()) return;
+  const auto ref = nlohmann::json::parse(test::read_file(ref_path));
+  auto f = open_shared("models/gguf/moe-small-f32.gguf");
+  int runs = 0;
+  for (const auto& run : ref["runs"]) {
+    if (run["model"] != "moe-small-f32.gguf") continue;
+    const auto prompt = run["prompt_ids"].get<std::vector<int>>();
+    const auto want = run["generated_ids"].get<std::vector<int>>();
+    REQUIRE(want.size() == 64);
+    for (const char* be : kBackends) {
+      INFO(be << " prompt '" << run["prompt"].get<std::string>() << "'");
+      CHECK(greedy(f, prompt, static_cast<int>(want.size()), be) == want);
+    }
+    ++runs;
+  }
+  CHECK(runs == 2);
+}
+
+TEST_CASE("moe: the MoE block against float64 math and tensor-parallel slices adding up",
+          "[moe][gguf]") {
+  const auto path = test::shared_file("models/gguf/moe-small-f32.gguf");
+  if (path.empty()) return;
+  auto f = open_shared("models/gguf/moe-small-f32.gguf");
+  ref_forward rf(*f->gguf());
+  const auto& c = f->cfg();
+  auto whole = model::shard_weights::make(f, model::slice_spec::whole(c)).value();
+  // Two halves of every expert's units (tensor parallelism).
+  auto half = [&](int b, int e) {
+    auto s = model::slice_spec::whole(c);
+    s.ffn_begin = b;
+    s.ffn_end = e;
+    return model::shard_weights::make(f, s).value();
+  };
+  auto wa = half(0, 100), wb = half(100, 256);
+  std::vector<float> xb(c.dim), out(c.dim), pa(c.dim), pb(c.dim);
+  for (int layer : {0, 3}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<double> xd(c.dim);
+      for (int i = 0; i < c.dim; ++i) xb[i] = static_cast<float>(std::sin(0.37 * i + 1.3 * trial + layer));
+      for (int i = 0; i < c.dim; ++i) xd[i] = xb[i];
+      const auto want = rf.moe(layer, xd);
+      model::scratch s(*whole), sa(*wa), sb(*wb);
+      const kernels::backend& be = kernels::reference_backend();
+      model::moe_ffn(be, *whole, layer, xb.data(), s, out.data());
+      model::moe_ffn(be, *wa, layer, xb.data(), sa, pa.data());
+      model::moe_ffn(be, *wb, layer, xb.data(), sb, pb.data());
+      double err = 0, scale = 0, split = 0;
+      for (int i = 0; i < c.dim; ++i) {
+        err = std::max(err, std::abs(out[i] - want[i]));
+        scale = std::max(scale, std::abs(want[i]));
+        split = std::max(split, std::abs(double(pa[i]) + pb[i] - want[i]));
+      }
+      INFO("layer " << layer << " trial " << trial << " max |out| " << scale);
+      CHECK(scale > 1e-2);
+      CHECK(err <= 1e-5 * scale);
+      CHECK(split <= 1e-5 * scale);
+    }
+  }
+}
+
+TEST_CASE("moe: float64 forward pass agrees with llama.cpp on moe-small-f32.gguf (first 16 ids)",
+          "[moe][gguf]") {
+  const auto ref_path = test::shared_file("models/gguf/gguf-small-reference-ids.json");
+  if (ref_path.empty()) return;
+  const auto ref = nlohmann::json::parse(test::read_file(ref_path));
+  auto g = model::gguf::file::open(test::shared_file("models/gguf/moe-small-f32.gguf")).value();
+  for (const auto& run : ref["runs"]) {
+    if (run["model"] != "moe-small-f32.gguf" || run["prompt"] != "Once upon a time") continue;
+    auto want = run["generated_ids"].get<std::vector<int>>();
+    want.resize(16);
+    CHECK(ref_greedy(*g, run["prompt_ids"].get<std::vector<int>>(), 16) == want);
+  }
+}
+
+namespace {
+
+model::config tiny_moe(int shared_hidden) {
+  model::config c;
+  c.dim = 64;
+  c.hidden_dim = 24;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 96;
+  c.seq_len = 64;
+  c.shared_classifier = shared_hidden == 0;
+  c.n_experts = 6;
+  c.n_experts_used = 2;
+  c.shared_hidden = shared_hidden;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("moe: synth GGUF models (Mixtral-style and qwen2moe) against the float64 pass",
+          "[moe][synth]") {
+  for (int shared : {0, 40}) {
+    const auto c = tiny_moe(shared);
+    auto bytes = model::synth_gguf(c, 7);
+    auto g = model::gguf::file::from_bytes(bytes, "synth.gguf").value();
+    auto f = model::model_file::from_bytes(bytes, "synth.gguf");
+    INFO((f.ok() ? std::string() : f.message()));
+    REQUIRE(f.ok());
+    const auto& fc = (*f)->cfg();
+    CHECK(fc.arch == (shared ? "qwen2moe" : "llama"));
+    CHECK(fc.n_experts == 6);
+    CHECK(fc.n_experts_used == 2);
+    CHECK(fc.hidden_dim == 24);
+    CHECK(fc.shared_hidden == shared);
+    CHECK(fc.norm_topk == (shared == 0));
+    CHECK(fc.qkv_bias == (shared != 0));
+    const std::vector<int> prompt = {1, 17, 42, 5};
+    std::vector<std::vector<double>> want_logits;
+    const auto want = ref_greedy(*g, prompt, 24, &want_logits);
+    WARN("synth " << fc.arch << ": float64 pass's smallest top-1/top-2 margin "
+                  << min_margin(want_logits));
+    REQUIRE(min_margin(want_logits) > 1e-3);  // far above f32 rounding: ids must agree
+    for (const char* be : kBackends) {
+      INFO(fc.arch << " on " << be);
+      std::vector<std::vector<float>> got_logits;
+      CHECK(greedy(*f, prompt, 24, be, &got_logits) == want);
+      double err = 0;
+      for (size_t p = 0; p < got_logits.size(); ++p)
+        for (size_t i = 0; i < got_logits[p].size(); ++i)
+          err = std::max(err, std::abs(got_logits[p][i] - want_logits[p][i]));
+      CHECK(err < 1e-3);
+    }
+  }
+}
+
+namespace {
+
+// moe-small-f32.gguf rewritten: `edit` on the metadata, `tensor` may replace
+// or drop (return false) a tensor.
+using tensor_edit = std::function<bool(const model::gguf::tensor_info&, std::vector<uint64_t>&,
+                                       std::vector<uint8_t>&)>;
+std::string moe_error(const std::function<void(model::gguf::writer&)>& edit,
+                      const tensor_edit& tensor = nullptr) {
+  auto g = model::gguf::file::open(test::shared_file("models/gguf/moe-small-f32.gguf")).value();
+  model::gguf::writer w;
+  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
+  for (const auto& t : g->tensors()) {
+    std::vector<uint64_t> ne = t.ne;
+    std::vector<uint8_t> data(t.data, t.data + t.bytes);
+    if (tensor && !tensor(t, ne, data)) continue;
+    w.add_tensor(t.name, ne, t.type, std::move(data));
+  }
+  edit(w);
+  auto r = model::model_file::from_bytes(w.bytes(), "edited-moe.gguf");
+  REQUIRE_FALSE(r.ok());
+  return r.message();
+}
+
+}  // namespace
+
+TEST_CASE("moe: bad MoE files are clear errors", "[moe][errors]") {
+  if (test::shared_file("models/gguf/moe-small-f32.gguf").empty()) return;
+  SECTION("experts_used > experts") {
+    CHECK(moe_error([](auto& w) { w.set_u32("llama.expert_used_count", 9); }) ==
+          "edited-moe.gguf: key llama.expert_used_count is 9, expected at most "
+          "llama.expert_count (8)");
+  }
+  SECTION("expert_count without expert_used_count") {
+    CHECK_THAT(moe_error([](auto& w) { w.set_string("llama.expert_used_count", "two"); }),
+               Catch::Contains("key llama.expert_used_count is string, expected an integer"));
+  }
+  SECTION("a missing expert tensor") {
+    CHECK(moe_error([](auto&) {},
+                    [](const auto& t, auto&, auto&) { return t.name != "blk.2.ffn_up_exps.weight"; }) ==
+          "edited-moe.gguf: missing tensor blk.2.ffn_up_exps.weight (llama.expert_count is 8: "
+          "every layer needs ffn_gate_inp, ffn_gate_exps, ffn_up_exps and ffn_down_exps)");
+  }
+  SECTION("a missing router") {
+    CHECK_THAT(moe_error([](auto&) {},
+                         [](const auto& t, auto&, auto&) { return t.name != "blk.0.ffn_gate_inp.weight"; }),
+               Catch::Contains("missing tensor blk.0.ffn_gate_inp.weight (the router"));
+  }
+  SECTION("a wrong expert tensor shape") {
+    auto msg = moe_error([](auto&) {}, [](const auto& t, auto& ne, auto& data) {
+      if (t.name == "blk.1.ffn_down_exps.weight") {  // 7 experts instead of 8
+        ne[2] = 7;
+        data.resize(data.size() / 8 * 7);
+      }
+      return true;
+    });
+    CHECK_THAT(msg, Catch::StartsWith("edited-moe.gguf: tensor blk.1.ffn_down_exps.weight has "
+                                      "shape [256, 128, 7], expected [256, 128, 8] from the metadata"));
+  }
+  SECTION("a 2-D expert tensor") {
+    auto msg = moe_error([](auto&) {}, [](const auto& t, auto& ne, auto&) {
+      if (t.name == "blk.0.ffn_gate_exps.weight") ne = {128, 256 * 8};
+      return true;
+    });
+    CHECK_THAT(msg, Catch::Contains("tensor blk.0.ffn_gate_exps.weight has shape [128, 2048], "
+                                    "expected [128, 256, 8]"));
+  }
+}
