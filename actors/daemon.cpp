@@ -156,6 +156,8 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   spec.ffn_end = s.ffn_end;
   spec.embedding = s.embedding;
   spec.classifier = s.classifier;
+  spec.vocab_begin = s.vocab_begin;
+  spec.vocab_end = s.vocab_end;
   kernels::matmul_mode mm = kernels::matmul_mode::count;
   if (!s.matmul.empty()) {
     auto m = model::parse_matmul_mode(s.matmul);

@@ -8,7 +8,7 @@
 //   stage s, TP group: per layer two all-reduces, each rank sending its
 //     partial_sum to every other rank; sums are taken in rank order
 //   rank 0 of stage s --activation--> every shard of stage s+1
-//   classifier holder (last stage, rank 0) --logits_msg--> session
+//   every rank of the last stage --logits_msg (its vocabulary slice)--> session
 // Every message carries (session id, position, epoch): messages of an older
 // epoch than the receiver knows are dropped.
 //
@@ -145,14 +145,18 @@ typename Inspector::result_type inspect(Inspector& f, partial_sum& x) {
 }
 
 /// classifier holder -> session: logits [vocab] of position id.pos0+count-1.
+/// The logits of a step's last position for vocabulary ids [vocab_begin,
+/// vocab_begin + logits.size()): every rank of the last stage sends its slice
+/// of the classifier's output; the session joins them (issue #19).
 struct logits_msg {
   step_id id;
   blob logits;
   int64_t compute_ns = 0;
+  int32_t vocab_begin = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, logits_msg& x) {
-  return f(caf::meta::type_name("logits_msg"), x.id, x.logits, x.compute_ns);
+  return f(caf::meta::type_name("logits_msg"), x.id, x.logits, x.compute_ns, x.vocab_begin);
 }
 
 /// A shard's failure reported to the session (out of memory, corrupt payload).
@@ -403,6 +407,7 @@ struct shard_spawn {
   int32_t layer_begin = 0, layer_end = 0, kv_head_begin = 0, kv_head_end = 0;
   int32_t ffn_begin = 0, ffn_end = 0;
   bool embedding = false, classifier = false;
+  int32_t vocab_begin = 0, vocab_end = 0;  // classifier rows (model::slice_spec; 0, 0 = all)
   std::string weights = "f32";   // f32 | q8_0
   std::string matmul;            // exact | ggml ("": the model's default)
   int32_t ctx = 0;               // context length override the front end opened the model with
@@ -424,8 +429,9 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
   return f(caf::meta::type_name("shard_spawn"), x.owner, x.index, x.stage, x.rank, x.group_size,
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
-           x.ffn_end, x.embedding, x.classifier, x.weights, x.matmul, x.ctx, x.kernels, x.kv_bytes, x.buffer_bytes,
-           x.checkpoint_every, x.batch_size, x.heartbeat, x.coordinator, x.faults, x.restarted);
+           x.ffn_end, x.embedding, x.classifier, x.vocab_begin, x.vocab_end, x.weights, x.matmul, x.ctx, x.kernels,
+           x.kv_bytes, x.buffer_bytes, x.checkpoint_every, x.batch_size, x.heartbeat, x.coordinator, x.faults,
+           x.restarted);
 }
 
 /// front end -> daemon: send heartbeats for node `peer` to `monitor` (the

@@ -577,6 +577,8 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           req.spec.ffn_end = placed.ffn.end;
           req.spec.embedding = placed.has_embedding;
           req.spec.classifier = placed.has_classifier;
+          req.spec.vocab_begin = placed.vocab.begin;
+          req.spec.vocab_end = placed.vocab.end;
           req.weights = rt->weights;
           req.matmul = rt->matmul;
           req.ctx = rt->ctx;

@@ -362,6 +362,8 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.ffn_end = req.spec.ffn_end;
   s.embedding = req.spec.embedding;
   s.classifier = req.spec.classifier;
+  s.vocab_begin = req.spec.vocab_begin;
+  s.vocab_end = req.spec.vocab_end;
   s.weights = model::to_string(req.weights);
   s.matmul = req.matmul == kernels::matmul_mode::count ? "" : kernels::to_string(req.matmul);
   s.ctx = req.ctx;

@@ -54,6 +54,15 @@ struct session_state {
   std::unique_ptr<model::journal_writer> journal;
   std::string journal_error;  // the first failed journal write: ends the session
   int quiet_until = 0;  // resumed: ids below this index were reported by the killed run
+  // The logits of the step in flight, joined from the last stage's vocabulary
+  // slices (one per rank; issue #19): for (joined_epoch, joined_pos0), the
+  // slice starts received so far and the rows they cover.
+  std::vector<float> joined;
+  std::set<int32_t> joined_slices;
+  int joined_rows = 0;
+  uint32_t joined_epoch = 0;
+  int32_t joined_pos0 = -1;
+  int64_t joined_compute_ns = 0;
   static inline const char* name = "cellshard.session";
 };
 
@@ -424,10 +433,38 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
       [=](logits_msg& m) {
         auto& st = self->state;
         if (st.done || st.recovering || m.id.epoch != st.epoch || m.id.pos0 != st.pos) return;  // stale
-        if (!m.logits.ok() || m.logits.data.size() != static_cast<size_t>(st.spec.vocab_size)) {
+        if (!m.logits.ok()) {
           retry_step(self, "corrupt logits (checksum mismatch) for position " +
                                std::to_string(m.id.pos0 + m.id.count - 1));
           return;
+        }
+        const int64_t V = st.spec.vocab_size;
+        const int64_t n = static_cast<int64_t>(m.logits.data.size());
+        if (n == 0 || m.vocab_begin < 0 || m.vocab_begin + n > V) {
+          retry_step(self, "logits for ids [" + std::to_string(m.vocab_begin) + "," +
+                               std::to_string(m.vocab_begin + n) + ") of position " +
+                               std::to_string(m.id.pos0 + m.id.count - 1) + ": outside the vocabulary of " +
+                               std::to_string(V));
+          return;
+        }
+        if (n != V) {
+          // One slice of several: join them in id order; go on when all are in.
+          if (st.joined_epoch != m.id.epoch || st.joined_pos0 != m.id.pos0) {
+            st.joined.assign(static_cast<size_t>(V), 0.0f);
+            st.joined_slices.clear();
+            st.joined_rows = 0;
+            st.joined_epoch = m.id.epoch;
+            st.joined_pos0 = m.id.pos0;
+            st.joined_compute_ns = 0;
+          }
+          if (!st.joined_slices.insert(m.vocab_begin).second) return;  // a duplicate
+          std::copy(m.logits.data.begin(), m.logits.data.end(), st.joined.begin() + m.vocab_begin);
+          st.joined_rows += static_cast<int>(n);
+          st.joined_compute_ns = std::max(st.joined_compute_ns, m.compute_ns);
+          if (st.joined_rows < V) return;
+          st.joined_pos0 = -1;
+          m.logits.data.swap(st.joined);
+          m.compute_ns = st.joined_compute_ns;
         }
         const double step_ms = ms_since(st.step_sent);
         if (m.id.count == 1) st.ewma_step_ms = st.ewma_step_ms <= 0 ? step_ms : 0.8 * st.ewma_step_ms + 0.2 * step_ms;

@@ -33,9 +33,11 @@ struct computed {
   int64_t ns = 0;
 };
 
-/// Worker -> shard: the logits of a step's last position.
+/// Worker -> shard: the logits of a step's last position (this shard's
+/// vocabulary slice, starting at vocab_begin).
 struct classified {
   step_id id;
+  int32_t vocab_begin = 0;
   blob logits;
   int64_t ns = 0;
   int64_t compute_ns = 0;  // the step's critical-path compute before the classifier
@@ -288,8 +290,8 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
     deliver(self, ss.reply_to, front_end_node, std::move(d));
     ss.ckpt_end = end;
   }
-  if (st.init.rank != 0) return;
-  if (!st.wires.next.empty()) {
+  if (!st.wires.next.empty() || !w.spec().classifier) {
+    if (st.init.rank != 0 || st.wires.next.empty()) return;  // rank 0 forwards x
     if (replay && st.init.stage >= ss.replay_until) return;  // the replay ends here
     activation a;
     a.id = ss.id;
@@ -302,13 +304,15 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
     return;
   }
   if (replay) return;
-  if (w.spec().classifier) {
-    // On the worker, after the step's last partial (FIFO): the classifier of
-    // a 32000-token vocabulary is a matvec as long as a layer.
+  {
+    // Every rank of the last stage: its slice of the classifier's rows, on the
+    // worker after the step's last partial (FIFO); the classifier of a
+    // 32000-token vocabulary is a matvec as long as a layer.
     const auto first = ss.x.begin() + static_cast<std::ptrdiff_t>(ss.id.count - 1) * dim;
     std::vector<float> last(first, first + dim);
     classified c;
     c.id = ss.id;
+    c.vocab_begin = w.spec().vocab_first();
     st.classifying.insert({ss.id.session, ss.id.pos0});
     c.compute_ns = ss.compute_ns;
     c.reply_to = ss.reply_to;
@@ -321,7 +325,7 @@ void finish_stage_impl(shard_actor* self, session_state& ss) {
       if (cancelled) return;
       kernels::pool::scope use_pool(kpool.get());
       const auto t0 = clock_type::now();
-      c.logits.data.resize(weights->cfg().vocab_size);
+      c.logits.data.resize(weights->spec().vocab_rows(weights->cfg().vocab_size));
       model::classify(*be, *weights, last.data(), c.logits.data.data());
       c.ns = since_ns(t0);
       if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
@@ -801,6 +805,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         m.id = c.id;
         m.logits = std::move(c.logits);
         m.compute_ns = c.compute_ns + c.ns;
+        m.vocab_begin = c.vocab_begin;
         deliver(self, c.reply_to, front_end_node, std::move(m));
       },
       // Liveness (issue #20): answered at once, even while a step computes on

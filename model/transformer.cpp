@@ -41,6 +41,7 @@ std::string slice_spec::to_string() const {
   os << "layers [" << layer_begin << "," << layer_end << ") kv heads [" << kv_head_begin << ","
      << kv_head_end << ") ffn [" << ffn_begin << "," << ffn_end << ")"
      << (embedding ? " +embedding" : "") << (classifier ? " +classifier" : "");
+  if (classifier && vocab_end != 0) os << " vocab [" << vocab_begin << "," << vocab_end << ")";
   return os.str();
 }
 
@@ -105,6 +106,9 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
     return bad("kv head range outside [0," + std::to_string(c.n_kv_heads) + ")");
   if (spec.ffn_begin < 0 || spec.ffn_end > c.hidden_dim || spec.ffn_begin >= spec.ffn_end)
     return bad("ffn range outside [0," + std::to_string(c.hidden_dim) + ")");
+  if (spec.classifier && spec.vocab_end != 0 &&
+      (spec.vocab_begin < 0 || spec.vocab_end > c.vocab_size || spec.vocab_begin >= spec.vocab_end))
+    return bad("classifier rows outside [0," + std::to_string(c.vocab_size) + ")");
 
   std::shared_ptr<shard_weights> w(new shard_weights());
   w->file_ = file;
@@ -190,7 +194,8 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
   }
   if (spec.embedding) w->bytes_ += static_cast<uint64_t>(c.vocab_size) * d * sizeof(float);
   if (spec.classifier) {
-    w->wcls_ = view(file->classifier(), c.vocab_size, d, d);
+    w->wcls_ = view(file->classifier() + static_cast<size_t>(spec.vocab_first()) * d,
+                    spec.vocab_rows(c.vocab_size), d, d);
     // A shared classifier is the embedding table: quantize a copy for q8_0
     // (embedding lookups keep reading f32 rows), count it once for f32.
     const bool counted = c.shared_classifier && spec.embedding && fmt == weight_format::f32;
@@ -281,7 +286,7 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_q8(std::shared_
     w->bytes_ += w->emb_f32_.size() * sizeof(float);
   }
   if (spec.classifier) {
-    w->wcls_ = rows_of(file.q8_classifier(), 0, c.vocab_size);
+    w->wcls_ = rows_of(file.q8_classifier(), spec.vocab_first(), spec.vocab_rows(c.vocab_size));
     w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
   }
   return std::shared_ptr<const shard_weights>(std::move(w));
@@ -380,7 +385,7 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
   if (spec.embedding) w->bytes_ += e.bytes();
   if (spec.classifier) {
     const uint64_t before = w->bytes_;
-    w->wcls_ = rows_of(file.typed_classifier(), 0, c.vocab_size);
+    w->wcls_ = rows_of(file.typed_classifier(), spec.vocab_first(), spec.vocab_rows(c.vocab_size));
     if (tied && spec.embedding) w->bytes_ = before;  // the same bytes as the embedding
     w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
   }

@@ -39,11 +39,18 @@ struct slice_spec {
   int ffn_begin = 0, ffn_end = 0;          // FFN hidden units
   bool embedding = false;                  // holds the token embedding table
   bool classifier = false;                 // holds the final norm and classifier
+  /// The classifier rows (vocabulary ids) [vocab_begin, vocab_end) this slice
+  /// computes logits for; vocab_end == 0 means the whole vocabulary. A tensor
+  /// group's last stage splits the vocabulary over its ranks (issue #19).
+  int vocab_begin = 0, vocab_end = 0;
 
   static slice_spec whole(const config& c);
   int n_layers() const { return layer_end - layer_begin; }
   int n_kv_heads() const { return kv_head_end - kv_head_begin; }
   int ffn_units() const { return ffn_end - ffn_begin; }
+  /// The classifier rows as [begin, end) for a model of `vocab` tokens.
+  int vocab_first() const { return vocab_end == 0 ? 0 : vocab_begin; }
+  int vocab_rows(int vocab) const { return vocab_end == 0 ? vocab : vocab_end - vocab_begin; }
   std::string to_string() const;
 };
 
@@ -138,7 +145,7 @@ public:
   /// out[dim] = the embedding row of `token` (0 <= token < vocab).
   void embed(int token, float* out) const;
   const float* rms_final() const { return file_->rms_final(); }
-  const matrix& classifier() const { return wcls_; }  // [vocab x dim]
+  const matrix& classifier() const { return wcls_; }  // [vocab rows of the slice x dim]
   int n_heads_local() const { return spec_.n_kv_heads() * cfg().kv_mul(); }
   /// Bytes of weights this shard holds or reads (its slice only).
   uint64_t bytes() const { return bytes_; }
@@ -246,7 +253,8 @@ void stage_forward_batch(const kernels::backend& be, const shard_weights& w, flo
 void stage_forward(const kernels::backend& be, const shard_weights& w, float* x, int pos,
                    kv_cache& kv, scratch& s);
 
-/// Final RMSNorm and classifier: logits [vocab] from x [dim] (x is modified).
+/// Final RMSNorm and classifier: logits [the slice's vocab rows] from x [dim]
+/// (x is modified); logits[i] is the logit of token spec().vocab_first() + i.
 void classify(const kernels::backend& be, const shard_weights& w, float* x, float* logits);
 
 /// The single-process engine: one whole slice, one KV cache. forward() is

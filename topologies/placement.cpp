@@ -204,7 +204,8 @@ std::vector<node_spec> make_nodes(int n, const profile& prof, int spares) {
 // Memory
 
 memory_need shard_memory(const model::config& cfg, const placement_options& o, int n_layers, int n_heads,
-                         int n_kv_heads, int ffn_units, bool has_embedding, bool has_classifier) {
+                         int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows) {
+  const bool has_classifier = vocab_rows > 0;
   const uint64_t d = static_cast<uint64_t>(cfg.dim);
   const uint64_t hs = static_cast<uint64_t>(cfg.head_size());
   const uint64_t q_rows = static_cast<uint64_t>(n_heads) * hs;     // wq rows, wo cols
@@ -236,7 +237,8 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
                                           + d * w.row_bytes(K::w2, f))  // w2 [dim x f]
                              + moe_extra + 2 * d * f32;         // rms_att, rms_ffn [dim]
   const uint64_t table = v * w.row_bytes(K::embedding, d);      // [vocab x dim]
-  const uint64_t cls_table = v * w.row_bytes(K::classifier, d);
+  const uint64_t cls_rows = static_cast<uint64_t>(std::max(vocab_rows, 0));
+  const uint64_t cls_table = cls_rows * w.row_bytes(K::classifier, d);
 
   memory_need m;
   m.weights = static_cast<uint64_t>(n_layers) * per_layer;
@@ -244,7 +246,7 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
   if (has_classifier) m.weights += d * f32 + ((cfg.shared_classifier && has_embedding) ? 0 : cls_table);
   m.kv_cache = sessions * 2 * static_cast<uint64_t>(n_layers) * ctx * kv_rows * f32;
   const uint64_t floats = 3 * d + 2 * d + q_rows + 2 * kv_rows + static_cast<uint64_t>(n_heads) * ctx + 2 * f +
-                          (has_classifier ? v : 0);
+                          cls_rows;
   m.buffers = sessions * floats * f32;
   return m;
 }
@@ -366,6 +368,7 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
   }
   const int P = st.stages, T = st.tp;
   const std::vector<slice> slices = tp_slices(cfg, T);
+  const std::vector<range> vocab_slices = split_even(cfg.vocab_size, T);
   auto node_at = [&](int s, int r) -> const node_spec& { return *avail[static_cast<size_t>(s * T + r)]; };
 
   // Layer ranges per stage: weight = the smallest budget in the stage's group,
@@ -384,7 +387,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       for (int r = 0; r < T; ++r) {
         const node_spec& n = node_at(s, r);
         const slice& sl = slices[static_cast<size_t>(r)];
-        const bool emb = first && r == 0, cls = last && r == 0;
+        const bool emb = first && r == 0;
+        const int cls = last ? vocab_slices[static_cast<size_t>(r)].size() : 0;
         const memory_need fixed =
             shard_memory(cfg, opt, 0, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls);
         const memory_need one =
@@ -399,8 +403,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       weight[static_cast<size_t>(s)] = static_cast<double>(min_budget);
       capacity[static_cast<size_t>(s)] = static_cast<int>(cap);
       // Work per position beyond the layers (floats read): the embedding row
-      // on stage 0, final norm + classifier on the last stage.
-      tie[static_cast<size_t>(s)] = (first ? d : 0.0) + (last ? d + v * d : 0.0);
+      // on stage 0, final norm + a rank's classifier slice on the last stage.
+      tie[static_cast<size_t>(s)] = (first ? d : 0.0) + (last ? d + std::ceil(v / T) * d : 0.0);
     }
     auto split = split_weighted(L, weight, capacity, tie);
     if (!split) {
@@ -439,12 +443,13 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       sh.group_size = T;
       sh.layers = sg.layers;
       sh.has_embedding = s == 0 && r == 0;
-      sh.has_classifier = s == P - 1 && r == 0;
+      sh.has_classifier = s == P - 1;
+      if (sh.has_classifier) sh.vocab = vocab_slices[static_cast<size_t>(r)];
       sh.kv_heads = sl.kv;
       sh.heads = sl.heads;
       sh.ffn = sl.ffn;
       sh.memory = shard_memory(cfg, opt, sg.layers.size(), sl.heads.size(), sl.kv.size(), sl.ffn.size(),
-                               sh.has_embedding, sh.has_classifier);
+                               sh.has_embedding, sh.has_classifier ? sh.vocab.size() : 0);
       sg.shards.push_back(sh.index);
       p.shards.push_back(std::move(sh));
     }
@@ -476,8 +481,10 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
                                       p.stages[static_cast<size_t>(sg.index + 1)].shards, x_bytes});
     }
   }
-  p.steps.push_back(exchange_step{exchange_kind::logits_to_session, P - 1, -1, {p.stages.back().shards[0]}, {},
-                                  static_cast<uint64_t>(cfg.vocab_size) * sizeof(float)});
+  // Each rank of the last stage sends its slice: the bytes are the largest
+  // slice's (the ranks send in parallel).
+  p.steps.push_back(exchange_step{exchange_kind::logits_to_session, P - 1, -1, p.stages.back().shards, {},
+                                  static_cast<uint64_t>(vocab_slices.front().size()) * sizeof(float)});
 
   if (opt.check_memory) {
     if (auto ok = check_memory(p); !ok) return ok.err();
@@ -534,7 +541,9 @@ std::string to_string(const placement& p) {
                   "memory need / budget"});
   for (const shard& s : p.shards) {
     std::string holds = s.has_embedding ? "embedding" : "";
-    if (s.has_classifier) holds += std::string(holds.empty() ? "" : "+") + "classifier";
+    if (s.has_classifier)
+      holds += std::string(holds.empty() ? "" : "+") + "classifier" +
+               (s.vocab.size() == c.vocab_size ? std::string() : " " + to_string(s.vocab));
     if (holds.empty()) holds = "-";
     rows.push_back({std::to_string(s.index), std::to_string(s.node), s.profile, role_of(s, p.strat),
                     to_string(s.layers), to_string(s.heads), to_string(s.kv_heads), to_string(s.ffn), holds,

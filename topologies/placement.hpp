@@ -28,9 +28,15 @@
 // Limits: stages <= layers, T <= KV heads, P*T <= available nodes, T <= FFN units.
 //
 // Where the embedding and the classifier live (every strategy): rank 0 of the
-// first stage holds the token embedding table; rank 0 of the last stage holds
-// the final RMSNorm and the classifier (with a shared classifier it keeps its
-// own copy of the table unless it is also the embedding holder). With T > 1
+// first stage holds the token embedding table; every rank of the last stage
+// holds the final RMSNorm and a slice of the classifier's rows (the
+// vocabulary split_even over its T ranks, rank order), computes those logits
+// from x (which every rank has after the last all-reduce) and sends them to
+// the session, which joins the slices into the whole vector before sampling
+// (issue #19: rank 0 no longer reads the whole classifier alone; each logit
+// is the same row dot product as on one node, so the vector is bit-identical).
+// With a shared classifier a rank reads its rows from the embedding table
+// (counted once when the same shard holds the embedding). With T > 1
 // the embedding holder broadcasts x to the rest of its group (one dim-vector
 // per position) rather than every rank keeping a copy of the table: on a
 // 256 MiB node the table (vocab x dim) is the scarce thing, the message is not.
@@ -43,11 +49,12 @@
 // vectors always f32, KV cache f32):
 //   weights = layers x (wq + wk + wv + wo + w1 + w2 + w3 slices + 2 norms)
 //             + embedding table (rank 0, first stage)
-//             + final norm + classifier (rank 0, last stage; shared classifier
-//               counted once when the same shard holds the embedding)
+//             + final norm + classifier rows of its vocab slice (every rank
+//               of the last stage; shared classifier counted once when the
+//               same shard holds the embedding)
 //   KV cache = sessions x 2 x layers x context x (kv heads in shard x head_size) x 4
 //   buffers  = sessions x 4 x (3 dim + 2 dim message in/out + q + k + v
-//             + att (heads in shard x context) + 2 FFN slice + vocab if classifier)
+//             + att (heads in shard x context) + 2 FFN slice + its vocab slice)
 // For one shard holding everything in f32 this is config.total_params() x 4
 // weights and config.kv_cache_bytes(context) KV cache. q8_0 matrices are
 // counted as ggml blocks (34 bytes per 32 weights, each row of a slice padded
@@ -164,7 +171,8 @@ struct shard {
   int group_size = 1;   // T of the stage
   range layers;         // [l0, l1)
   bool has_embedding = false;   // token embedding table (rank 0 of stage 0)
-  bool has_classifier = false;  // final RMSNorm + classifier (rank 0 of the last stage)
+  bool has_classifier = false;  // final RMSNorm + a classifier slice (every rank of the last stage)
+  range vocab;          // classifier rows [v0, v1) (split_even of the vocabulary over the last stage's ranks)
   range kv_heads;       // [kv0, kv1)
   range heads;          // query heads [kv0 * kv_mul, kv1 * kv_mul)
   range ffn;            // FFN hidden units [f0, f1)
@@ -185,7 +193,7 @@ enum class exchange_kind {
   all_reduce_attention,  // layer l, within a TP group: sum of the partial wo outputs
   all_reduce_ffn,        // layer l, within a TP group: sum of the partial w2 outputs
   send_activations,      // rank 0 of stage s -> every shard of stage s+1: x (dim floats)
-  logits_to_session,     // classifier holder -> session: vocab floats
+  logits_to_session,     // last stage's ranks -> session: each its vocab slice of the logits
   count
 };
 static_assert(static_cast<int>(exchange_kind::count) == 6, "update to_string(exchange_kind)");
@@ -237,9 +245,10 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
                         const placement_options& options = {});
 
 /// Memory of one shard (see the formula at the top of this file). `context`
-/// is taken from options (0 = cfg.seq_len).
+/// is taken from options (0 = cfg.seq_len). vocab_rows: the classifier rows
+/// the shard holds (0: no final norm and classifier).
 memory_need shard_memory(const model::config& cfg, const placement_options& options, int n_layers,
-                         int n_heads, int n_kv_heads, int ffn_units, bool has_embedding, bool has_classifier);
+                         int n_heads, int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows);
 
 /// Success when every shard fits; otherwise one line per shard that does not:
 /// "node 2 (ps3, 256 MiB): shard needs 412.3 MiB (weights 380.1 MiB + KV cache

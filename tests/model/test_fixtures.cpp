@@ -6,6 +6,9 @@
 #include "model/transformer.hpp"
 #include "tests/support.hpp"
 
+#include <cmath>
+#include <cstring>
+
 using namespace cellshard;
 
 TEST_CASE("engine reproduces every llama2.c fixture with each backend", "[model][fixtures]") {
@@ -54,4 +57,54 @@ TEST_CASE("engine reproduces every llama2.c fixture with each backend", "[model]
       }
     }
   }
+}
+
+TEST_CASE("a classifier slice gives bit-identical logits for its vocabulary rows", "[model][classifier]") {
+  // Issue #19: the last stage's ranks split the classifier by vocabulary
+  // rows; each logit must be the same row dot product as on one node, so the
+  // joined vector (and every sample drawn from it) is the single node's.
+  const std::string mpath = test::shared_file("models/stories260K.bin");
+  if (mpath.empty()) return;
+  auto file = model::model_file::open(mpath);
+  REQUIRE(file.ok());
+  const auto& cfg = (*file)->cfg();
+  const int V = cfg.vocab_size, d = cfg.dim;
+  std::vector<float> x0(static_cast<size_t>(d));
+  for (int i = 0; i < d; ++i) x0[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  kernels::pool two(2);
+  for (const char* be_name : {"reference", "blas", "spe", "native"}) {
+    const kernels::backend* be = kernels::find_backend(be_name);
+    REQUIRE(be != nullptr);
+    for (auto fmt : {model::weight_format::f32, model::weight_format::q8_0, model::weight_format::q4_0}) {
+      for (kernels::pool* pool : {static_cast<kernels::pool*>(nullptr), &two}) {
+        DYNAMIC_SECTION(be_name << " " << model::to_string(fmt) << (pool ? " 2 threads" : "")) {
+          kernels::pool::scope use_pool(pool);
+          auto whole = model::shard_weights::make(*file, model::slice_spec::whole(cfg), fmt);
+          REQUIRE(whole.ok());
+          std::vector<float> x = x0, want(static_cast<size_t>(V));
+          model::classify(*be, **whole, x.data(), want.data());
+          for (const auto& [b, e] : {std::pair<int, int>{0, 171}, {171, 342}, {342, 512}, {1, 2}, {0, 512}}) {
+            auto spec = model::slice_spec::whole(cfg);
+            spec.embedding = false;
+            spec.vocab_begin = b;
+            spec.vocab_end = e;
+            auto part = model::shard_weights::make(*file, spec, fmt);
+            REQUIRE(part.ok());
+            CHECK((*part)->classifier().rows == e - b);
+            std::vector<float> y = x0, got(static_cast<size_t>(e - b));
+            model::classify(*be, **part, y.data(), got.data());
+            INFO("rows [" << b << "," << e << ")");
+            CHECK(std::memcmp(got.data(), want.data() + b, got.size() * sizeof(float)) == 0);
+          }
+        }
+      }
+    }
+  }
+  // Rows outside the vocabulary are refused, naming them.
+  auto spec = model::slice_spec::whole(cfg);
+  spec.vocab_begin = 300;
+  spec.vocab_end = 600;
+  auto bad = model::shard_weights::make(*file, spec);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.message().find("classifier rows outside [0,512)") != std::string::npos);
 }

@@ -197,7 +197,7 @@ TEST_CASE("tensor: uneven head and FFN slices over 3 shards", "[placement]") {
   CHECK(p.strat.stages == 1);
   REQUIRE(p.shards.size() == 3);
   const std::vector<range> kv{{0, 2}, {2, 3}, {3, 4}}, heads{{0, 4}, {4, 6}, {6, 8}},
-      ffn{{0, 58}, {58, 115}, {115, 172}};
+      ffn{{0, 58}, {58, 115}, {115, 172}}, vocab{{0, 171}, {171, 342}, {342, 512}};
   for (int r = 0; r < 3; ++r) {
     const shard& s = p.shards[static_cast<size_t>(r)];
     CHECK(s.index == r);
@@ -209,16 +209,20 @@ TEST_CASE("tensor: uneven head and FFN slices over 3 shards", "[placement]") {
     CHECK(s.heads == heads[static_cast<size_t>(r)]);
     CHECK(s.ffn == ffn[static_cast<size_t>(r)]);
     CHECK(s.has_embedding == (r == 0));
-    CHECK(s.has_classifier == (r == 0));
+    // Every rank computes the logits of its third of the vocabulary (512 = 171 + 171 + 170).
+    CHECK(s.has_classifier);
+    CHECK(s.vocab == vocab[static_cast<size_t>(r)]);
   }
   // The slices add up to the whole model; each rank keeps its own copy of the
-  // layer norms (2 x dim per layer).
+  // layer norms (2 x dim per layer). The classifier is the embedding table
+  // (shared): rank 0 reads its rows from the table it holds, ranks 1 and 2
+  // hold their rows of it and a copy of the final norm.
   uint64_t weights = 0, kv_bytes = 0;
   for (const auto& s : p.shards) {
     weights += s.memory.weights;
     kv_bytes += s.memory.kv_cache;
   }
-  CHECK(weights == cfg.total_params() * 4 + 2 * 5 * 64 * 4 * 2);
+  CHECK(weights == cfg.total_params() * 4 + 2 * 5 * 64 * 4 * 2 + (171 + 170) * 64 * 4 + 2 * 64 * 4);
   CHECK(kv_bytes == cfg.kv_cache_bytes(512));
 
   // Steps: token, broadcast of x, 2 all-reduces per layer, logits.
@@ -239,6 +243,8 @@ TEST_CASE("tensor: uneven head and FFN slices over 3 shards", "[placement]") {
     CHECK(a.bytes_per_position == 64 * 4);
   }
   CHECK(p.steps[12].kind == exchange_kind::logits_to_session);
+  CHECK(p.steps[12].from == std::vector<int>{0, 1, 2});
+  CHECK(p.steps[12].bytes_per_position == 171 * 4);
   CHECK(to_string(p.steps[2]) == "all-reduce after attention, layer 0, over [0,1,2] (256 B)");
   CHECK(to_string(p.steps[1]) == "broadcast embedding: [0] -> [1,2] (256 B)");
 }
@@ -305,6 +311,9 @@ TEST_CASE("hybrid: stages of TP groups, stage-major placement indices", "[placem
   CHECK(p.shards[0].has_embedding);
   CHECK_FALSE(p.shards[1].has_embedding);
   CHECK(p.shards[2].has_classifier);
+  CHECK(p.shards[3].has_classifier);
+  CHECK(p.shards[2].vocab == range{0, 256});
+  CHECK(p.shards[3].vocab == range{256, 512});
   CHECK_FALSE(p.shards[0].has_classifier);
   REQUIRE(p.spares.size() == 1);
   CHECK(p.spares[0].index == 4);
@@ -317,7 +326,7 @@ TEST_CASE("hybrid: stages of TP groups, stage-major placement indices", "[placem
   CHECK(send.to == std::vector<int>{2, 3});
   CHECK(p.steps[9].from == std::vector<int>{2, 3});
   CHECK(p.steps[9].layer == 3);
-  CHECK(p.steps.back().from == std::vector<int>{2});
+  CHECK(p.steps.back().from == std::vector<int>{2, 3});
 
   auto r = place(cfg, make_nodes(4, host_profile()), {strategy_kind::hybrid, 3, 2});
   REQUIRE_FALSE(r);
@@ -457,7 +466,8 @@ TEST_CASE("print-placement table: every index, spares last", "[placement]") {
   CHECK_THAT(text, Catch::Contains("embedding"));
   CHECK_THAT(text, Catch::Contains("classifier"));
   CHECK_THAT(text, Catch::Contains("send activations, stage 0 -> 1: [0] -> [2,3]"));
-  CHECK_THAT(text, Catch::Contains("logits to session: [2] -> session (2048 B)"));
+  CHECK_THAT(text, Catch::Contains("logits to session: [2,3] -> session (1024 B)"));
+  CHECK_THAT(text, Catch::Contains("classifier [256,512)"));
   const auto rank3 = text.find("stage 1 / tp rank 1");
   const auto spare = text.find("\n4  ");
   REQUIRE(rank3 != std::string::npos);
