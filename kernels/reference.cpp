@@ -52,20 +52,26 @@ void matvec_q4(float* out, const q4_block* W, const float* x, int rows, int cols
   }
 }
 
-void rmsnorm(float* out, const float* x, const float* weight, int n) {
+void rmsnorm(float* out, const float* x, const float* weight, int n) { rmsnorm_eps(out, x, weight, n, 1e-5f); }
+
+void rmsnorm_eps(float* out, const float* x, const float* weight, int n, float eps) {
   float ss = 0.0f;
   for (int j = 0; j < n; ++j) ss += x[j] * x[j];
   ss /= n;
-  ss += 1e-5f;
+  ss += eps;
   ss = 1.0f / sqrtf(ss);
   for (int j = 0; j < n; ++j) out[j] = weight[j] * (ss * x[j]);
 }
 
 void rope(float* q, int nq, float* k, int nk, int pos, int head_size) {
+  rope_base(q, nq, k, nk, pos, head_size, 10000.0f);
+}
+
+void rope_base(float* q, int nq, float* k, int nk, int pos, int head_size, float base) {
   const int n = nq > nk ? nq : nk;
   for (int i = 0; i < n; i += 2) {
     const int head_dim = i % head_size;
-    const float freq = 1.0f / powf(10000.0f, head_dim / static_cast<float>(head_size));
+    const float freq = 1.0f / powf(base, head_dim / static_cast<float>(head_size));
     const float val = pos * freq;
     const float fcr = cosf(val);
     const float fci = sinf(val);

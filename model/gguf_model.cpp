@@ -134,7 +134,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     if (!e) return e.err();
     if (!(*e > 0.0f) || !std::isfinite(*e))
       return make_error(name + ": key " + a + "attention.layer_norm_rms_epsilon is " +
-                        std::to_string(*e) + ", expected a positive value");
+                        std::to_string(*e) + ", expected a positive finite value");
     c.rms_eps = *e;
   }
   if (g.has(a + "rope.freq_base")) {
@@ -142,7 +142,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     if (!t) return t.err();
     if (!(*t > 0.0f) || !std::isfinite(*t))
       return make_error(name + ": key " + a + "rope.freq_base is " + std::to_string(*t) +
-                        ", expected a positive value");
+                        ", expected a positive finite value");
     c.rope_theta = *t;
   }
   if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 || c.head_size() % 2 != 0)
@@ -158,13 +158,9 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
                         ", expected the head size " + std::to_string(c.head_size()) +
                         " (partial rotary embeddings are not supported)");
   }
-  // Kernels today use run.c's constants; refuse rather than compute wrongly.
-  if (c.rms_eps != 1e-5f || c.rope_theta != 10000.0f) {
-    std::ostringstream os;
-    os << name << ": rms epsilon " << c.rms_eps << " / rope base " << c.rope_theta
-       << " not supported yet (the kernels use 1e-05 and 10000)";
-    return make_error(os.str());
-  }
+  // Any positive finite epsilon and base (checked above) runs:
+  // model/transformer.cpp uses the backends' kernels for run.c's 1e-5 and
+  // 10000 and parametric reference kernels for other values.
   if (g.find_tensor("rope_freqs.weight"))
     return make_error(name + ": tensor rope_freqs.weight (Llama 3.1 RoPE scaling) is not supported yet");
 

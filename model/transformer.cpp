@@ -9,6 +9,21 @@
 
 namespace cellshard::model {
 
+namespace {
+// RMSNorm and RoPE with the model's own epsilon and base (GGUF metadata). The
+// backends implement run.c's constants (1e-5, 10000), which stay on their
+// path bit for bit; other values take the reference kernels' parametric
+// versions (both are O(dim) per position, beside matvecs of O(dim^2)).
+void norm(const kernels::backend& be, const config& c, float* out, const float* x, const float* w, int n) {
+  if (c.rms_eps == 1e-5f) be.rmsnorm(out, x, w, n);
+  else kernels::ref::rmsnorm_eps(out, x, w, n, c.rms_eps);
+}
+void rotate(const kernels::backend& be, const config& c, float* q, int nq, float* k, int nk, int pos) {
+  if (c.rope_theta == 10000.0f) be.rope(q, nq, k, nk, pos, c.head_size());
+  else kernels::ref::rope_base(q, nq, k, nk, pos, c.head_size(), c.rope_theta);
+}
+}  // namespace
+
 const char* to_string(weight_format f) {
   return f == weight_format::f32 ? "f32" : f == weight_format::q8_0 ? "q8_0" : "q4_0";
 }
@@ -472,7 +487,7 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
   const config& c = w.cfg();
   const auto& L = w.at(l);
   const int li = l - w.spec().layer_begin;
-  be.rmsnorm(s.xb.data(), x, L.rms_att, c.dim);
+  norm(be, c, s.xb.data(), x, L.rms_att, c.dim);
   float* k = kv.key(li, pos);
   float* v = kv.value(li, pos);
   matvec(be, s.q.data(), L.wq, s.xb.data(), w.matmul());
@@ -483,7 +498,7 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
     for (int i = 0; i < L.wk.rows; ++i) k[i] += L.bk[i];
     for (int i = 0; i < L.wv.rows; ++i) v[i] += L.bv[i];
   }
-  be.rope(s.q.data(), L.wq.rows, k, L.wk.rows, pos, c.head_size());
+  rotate(be, c, s.q.data(), L.wq.rows, k, L.wk.rows, pos);
   be.attention(s.attn.data(), s.q.data(), kv.key(li, 0), kv.value(li, 0), s.att.data(),
                w.n_heads_local(), c.kv_mul(), c.head_size(), kv.kv_dim(), pos);
   matvec(be, partial, L.wo, s.attn.data(), w.matmul());
@@ -493,7 +508,7 @@ void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, cons
                  scratch& s, float* partial) {
   const config& c = w.cfg();
   const auto& L = w.at(l);
-  be.rmsnorm(s.xb.data(), x, L.rms_ffn, c.dim);
+  norm(be, c, s.xb.data(), x, L.rms_ffn, c.dim);
   if (c.moe()) {
     moe_ffn(be, w, l, s.xb.data(), s, partial);
     return;
@@ -513,7 +528,7 @@ void attention_partial_batch(const kernels::backend& be, const shard_weights& w,
   const int dim = c.dim, nq = L.wq.rows, nk = L.wk.rows, kvd = kv.kv_dim();
   s.batch(n);
   for (int i = 0; i < n; ++i)
-    be.rmsnorm(s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_att,
+    norm(be, c, s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_att,
                dim);
   matmul(be, s.q_n.data(), nq, L.wq, s.xb_n.data(), dim, n, w.matmul());
   matmul(be, kv.key(li, pos0), kvd, L.wk, s.xb_n.data(), dim, n, w.matmul());
@@ -529,7 +544,7 @@ void attention_partial_batch(const kernels::backend& be, const shard_weights& w,
     }
   for (int i = 0; i < n; ++i) {
     float* q = s.q_n.data() + static_cast<size_t>(i) * nq;
-    be.rope(q, nq, kv.key(li, pos0 + i), nk, pos0 + i, c.head_size());
+    rotate(be, c, q, nq, kv.key(li, pos0 + i), nk, pos0 + i);
     be.attention(s.attn_n.data() + static_cast<size_t>(i) * nq, q, kv.key(li, 0), kv.value(li, 0),
                  s.att.data(), w.n_heads_local(), c.kv_mul(), c.head_size(), kvd, pos0 + i);
   }
@@ -548,7 +563,7 @@ void ffn_partial_batch(const kernels::backend& be, const shard_weights& w, int l
   }
   s.batch(n);
   for (int i = 0; i < n; ++i)
-    be.rmsnorm(s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_ffn,
+    norm(be, c, s.xb_n.data() + static_cast<size_t>(i) * dim, x + static_cast<size_t>(i) * dim, L.rms_ffn,
                dim);
   matmul(be, s.hb_n.data(), u, L.w1, s.xb_n.data(), dim, n, w.matmul());
   matmul(be, s.hb2_n.data(), u, L.w3, s.xb_n.data(), dim, n, w.matmul());
@@ -583,7 +598,7 @@ void stage_forward(const kernels::backend& be, const shard_weights& w, float* x,
 }
 
 void classify(const kernels::backend& be, const shard_weights& w, float* x, float* logits) {
-  be.rmsnorm(x, x, w.rms_final(), w.cfg().dim);
+  norm(be, w.cfg(), x, x, w.rms_final(), w.cfg().dim);
   matvec(be, logits, w.classifier(), x, w.matmul());
 }
 
