@@ -67,12 +67,13 @@ void rope(float* q, int nq, float* k, int nk, int pos, int head_size) {
   rope_base(q, nq, k, nk, pos, head_size, 10000.0f);
 }
 
-void rope_base(float* q, int nq, float* k, int nk, int pos, int head_size, float base) {
+void rope_base(float* q, int nq, float* k, int nk, int pos, int head_size, float base,
+               const float* factors) {
   const int n = nq > nk ? nq : nk;
   for (int i = 0; i < n; i += 2) {
     const int head_dim = i % head_size;
     const float freq = 1.0f / powf(base, head_dim / static_cast<float>(head_size));
-    const float val = pos * freq;
+    const float val = factors ? pos * freq / factors[head_dim / 2] : pos * freq;
     const float fcr = cosf(val);
     const float fci = sinf(val);
     if (i < nq) {

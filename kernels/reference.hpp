@@ -15,9 +15,13 @@ void rope(float* q, int nq, float* k, int nk, int pos, int head_size);
 /// summed in run.c's order; with eps = 1e-5 it equals rmsnorm() bit for bit.
 void rmsnorm_eps(float* out, const float* x, const float* weight, int n, float eps);
 /// rope with another base (GGUF `rope.freq_base`: 500000 in Llama 3, 1e6 in
-/// Mistral v0.2 and Qwen2): angle = pos / base^((i mod head_size)/head_size);
-/// with base = 10000 it equals rope() bit for bit.
-void rope_base(float* q, int nq, float* k, int nk, int pos, int head_size, float base);
+/// Mistral v0.2 and Qwen2): angle = pos / base^((i mod head_size)/head_size),
+/// divided by factors[(i mod head_size)/2] when `factors` is given (GGUF
+/// `rope_freqs.weight`, head_size/2 floats: Llama 3.1's long-context scaling,
+/// applied as ggml divides the angle by its frequency factor); with base =
+/// 10000 and no factors it equals rope() bit for bit.
+void rope_base(float* q, int nq, float* k, int nk, int pos, int head_size, float base,
+               const float* factors = nullptr);
 void softmax(float* x, int n);
 void attention(float* out, const float* q, const float* k_cache, const float* v_cache,
                float* att, int n_heads, int kv_mul, int head_size, int kv_stride, int pos);

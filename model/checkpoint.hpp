@@ -127,6 +127,10 @@ public:
   const float* token_embedding() const { return emb_; }  // [vocab x dim]
   layer_view layer(int l) const;
   const float* rms_final() const { return rms_final_; }  // [dim]
+  /// GGUF `rope_freqs.weight` (Llama 3.1 RoPE scaling): head_size/2 factors
+  /// that divide each pair's RoPE angle (kernels::ref::rope_base); nullptr
+  /// when the file has none (every llama2.c file).
+  const float* rope_factors() const { return rope_factors_; }
   const float* classifier() const { return wcls_; }      // [vocab x dim]
 
   /// True for a q8_0 file (model/quant.hpp). Then token_embedding(),
@@ -189,6 +193,7 @@ private:
   const float* emb_ = nullptr;
   const float* layers_ = nullptr;
   const float* rms_final_ = nullptr;
+  const float* rope_factors_ = nullptr;
   const float* wcls_ = nullptr;
   mutable uint64_t digest_ = 0;
   mutable bool have_digest_ = false;

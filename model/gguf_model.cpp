@@ -161,8 +161,6 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
   // Any positive finite epsilon and base (checked above) runs:
   // model/transformer.cpp uses the backends' kernels for run.c's 1e-5 and
   // 10000 and parametric reference kernels for other values.
-  if (g.find_tensor("rope_freqs.weight"))
-    return make_error(name + ": tensor rope_freqs.weight (Llama 3.1 RoPE scaling) is not supported yet");
 
   auto emb_t = g.tensor("token_embd.weight");
   if (!emb_t) return emb_t.err();
@@ -302,6 +300,9 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     return r;
   }
   if (auto r = norm("output_norm.weight", &rms_final_); !r) return r;
+  // Llama 3.1's RoPE scaling: one factor per rotated pair of a head.
+  if (g.find_tensor("rope_freqs.weight"))
+    if (auto r = vec("rope_freqs.weight", c.head_size() / 2, &rope_factors_); !r) return r;
   auto f32_of = [](const tensor_view& v) {
     return v.type == kernels::dtype::f32 ? reinterpret_cast<const float*>(v.data) : nullptr;
   };

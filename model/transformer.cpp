@@ -18,9 +18,11 @@ void norm(const kernels::backend& be, const config& c, float* out, const float* 
   if (c.rms_eps == 1e-5f) be.rmsnorm(out, x, w, n);
   else kernels::ref::rmsnorm_eps(out, x, w, n, c.rms_eps);
 }
-void rotate(const kernels::backend& be, const config& c, float* q, int nq, float* k, int nk, int pos) {
-  if (c.rope_theta == 10000.0f) be.rope(q, nq, k, nk, pos, c.head_size());
-  else kernels::ref::rope_base(q, nq, k, nk, pos, c.head_size(), c.rope_theta);
+void rotate(const kernels::backend& be, const shard_weights& w, float* q, int nq, float* k, int nk, int pos) {
+  const config& c = w.cfg();
+  const float* factors = w.file().rope_factors();
+  if (c.rope_theta == 10000.0f && !factors) be.rope(q, nq, k, nk, pos, c.head_size());
+  else kernels::ref::rope_base(q, nq, k, nk, pos, c.head_size(), c.rope_theta, factors);
 }
 }  // namespace
 
@@ -498,7 +500,7 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
     for (int i = 0; i < L.wk.rows; ++i) k[i] += L.bk[i];
     for (int i = 0; i < L.wv.rows; ++i) v[i] += L.bv[i];
   }
-  rotate(be, c, s.q.data(), L.wq.rows, k, L.wk.rows, pos);
+  rotate(be, w, s.q.data(), L.wq.rows, k, L.wk.rows, pos);
   be.attention(s.attn.data(), s.q.data(), kv.key(li, 0), kv.value(li, 0), s.att.data(),
                w.n_heads_local(), c.kv_mul(), c.head_size(), kv.kv_dim(), pos);
   matvec(be, partial, L.wo, s.attn.data(), w.matmul());
@@ -544,7 +546,7 @@ void attention_partial_batch(const kernels::backend& be, const shard_weights& w,
     }
   for (int i = 0; i < n; ++i) {
     float* q = s.q_n.data() + static_cast<size_t>(i) * nq;
-    rotate(be, c, q, nq, kv.key(li, pos0 + i), nk, pos0 + i);
+    rotate(be, w, q, nq, kv.key(li, pos0 + i), nk, pos0 + i);
     be.attention(s.attn_n.data() + static_cast<size_t>(i) * nq, q, kv.key(li, 0), kv.value(li, 0),
                  s.att.data(), w.n_heads_local(), c.kv_mul(), c.head_size(), kvd, pos0 + i);
   }

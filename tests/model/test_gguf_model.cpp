@@ -353,7 +353,8 @@ struct dense_ref {
   void rope(std::vector<double>& v, int pos) const {
     for (size_t h0 = 0; h0 < v.size(); h0 += hs)
       for (int i = 0; i < hs / 2; ++i) {
-        const double ang = pos * std::pow(base, -2.0 * i / hs);
+        double ang = pos * std::pow(base, -2.0 * i / hs);
+        if (t.count("rope_freqs.weight")) ang /= t.at("rope_freqs.weight")[i];
         const double x0 = v[h0 + 2 * i], x1 = v[h0 + 2 * i + 1];
         v[h0 + 2 * i] = x0 * std::cos(ang) - x1 * std::sin(ang);
         v[h0 + 2 * i + 1] = x0 * std::sin(ang) + x1 * std::cos(ang);
@@ -433,6 +434,52 @@ TEST_CASE("gguf model: another RMSNorm epsilon and RoPE base (Llama 3, Qwen2 val
         }
       CHECK(worst <= 1e-4 * scale);
     }
+  }
+  // Llama 3.1's rope_freqs.weight: one factor per rotated pair (head size 32:
+  // 16 factors), dividing the angle; the engine follows the float64 pass.
+  {
+    std::vector<float> factors(16);
+    for (int i = 0; i < 16; ++i) factors[static_cast<size_t>(i)] = i < 4 ? 1.0f : 1.0f + 0.5f * i;
+    std::vector<uint8_t> raw(factors.size() * 4);
+    for (size_t i = 0; i < factors.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &factors[i], 4);
+      test::put_le32(raw.data() + 4 * i, u);
+    }
+    const auto bytes = rewrite(path, [&](auto& w) {
+      w.set_f32("llama.rope.freq_base", 500000.0f);
+      w.add_tensor("rope_freqs.weight", {16}, model::gguf::ggml_type::f32, raw);
+    });
+    auto f = model::model_file::from_bytes(bytes, "edited.gguf");
+    REQUIRE(f.ok());
+    REQUIRE((*f)->rope_factors() != nullptr);
+    CHECK((*f)->rope_factors()[15] == 8.5f);
+    auto g = model::gguf::file::from_bytes(bytes, "edited.gguf");
+    REQUIRE(g.ok());
+    dense_ref ref(**g);
+    const std::vector<int> ids = {1, 403, 407, 261, 378, 24};
+    std::vector<std::vector<double>> want;
+    for (size_t p = 0; p < ids.size(); ++p) want.push_back(ref.forward(ids[p], static_cast<int>(p)));
+    for (const char* be : {"reference", "native"}) {
+      INFO("rope_freqs, backend " << be);
+      const auto got = logits_of(*f, ids, kernels::matmul_mode::exact, be);
+      double worst = 0, scale = 0;
+      for (size_t p = 0; p < ids.size(); ++p)
+        for (size_t i = 0; i < want[p].size(); ++i) {
+          worst = std::max(worst, std::abs(got[p][i] - want[p][i]));
+          scale = std::max(scale, std::abs(want[p][i]));
+        }
+      CHECK(worst <= 1e-4 * scale);
+    }
+    // Factors of the wrong length are refused naming the tensor.
+    auto bad = model::model_file::from_bytes(
+        rewrite(path, [&](auto& w) {
+          w.add_tensor("rope_freqs.weight", {8}, model::gguf::ggml_type::f32,
+                       std::vector<uint8_t>(raw.begin(), raw.begin() + 32));
+        }),
+        "edited.gguf");
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.message(), Catch::Contains("rope_freqs.weight"));
   }
   // The constants matter: the last position's logits move with the base.
   auto plain = open_model("models/gguf/llama2-small-f32.gguf");
