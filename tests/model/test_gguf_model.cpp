@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <cmath>
@@ -399,6 +400,30 @@ struct dense_ref {
     return mv(T("output.weight"), rms(x, T("output_norm.weight")), vocab);
   }
 };
+
+// The engine's logits on `backends` follow dense_ref's float64 pass over the
+// same file bytes for `ids` (max error at most 1e-4 of the largest logit).
+void check_against_float64(const std::vector<uint8_t>& bytes, const std::vector<int>& ids,
+                           std::initializer_list<const char*> backends) {
+  auto f = model::model_file::from_bytes(bytes, "edited.gguf");
+  REQUIRE(f.ok());
+  auto g = model::gguf::file::from_bytes(bytes, "edited.gguf");
+  REQUIRE(g.ok());
+  dense_ref ref(**g);
+  std::vector<std::vector<double>> want;
+  for (size_t p = 0; p < ids.size(); ++p) want.push_back(ref.forward(ids[p], static_cast<int>(p)));
+  for (const char* be : backends) {
+    INFO("backend " << be);
+    const auto got = logits_of(*f, ids, kernels::matmul_mode::exact, be);
+    double worst = 0, scale = 0;
+    for (size_t p = 0; p < ids.size(); ++p)
+      for (size_t i = 0; i < want[p].size(); ++i) {
+        worst = std::max(worst, std::abs(got[p][i] - want[p][i]));
+        scale = std::max(scale, std::abs(want[p][i]));
+      }
+    CHECK(worst <= 1e-4 * scale);
+  }
+}
 }  // namespace
 
 TEST_CASE("gguf model: another RMSNorm epsilon and RoPE base (Llama 3, Qwen2 values) match float64",
@@ -417,23 +442,8 @@ TEST_CASE("gguf model: another RMSNorm epsilon and RoPE base (Llama 3, Qwen2 val
     REQUIRE(f.ok());
     CHECK((*f)->cfg().rms_eps == eps);
     CHECK((*f)->cfg().rope_theta == base);
-    auto g = model::gguf::file::from_bytes(bytes, "edited.gguf");
-    REQUIRE(g.ok());
-    dense_ref ref(**g);
-    const std::vector<int> ids = {1, 403, 407, 261, 378, 24, 9, 77};
-    std::vector<std::vector<double>> want;
-    for (size_t p = 0; p < ids.size(); ++p) want.push_back(ref.forward(ids[p], static_cast<int>(p)));
-    for (const char* be : {"reference", "blas", "spe", "native"}) {
-      INFO("eps " << eps << " base " << base << " backend " << be);
-      const auto got = logits_of(*f, ids, kernels::matmul_mode::exact, be);
-      double worst = 0, scale = 0;
-      for (size_t p = 0; p < ids.size(); ++p)
-        for (size_t i = 0; i < want[p].size(); ++i) {
-          worst = std::max(worst, std::abs(got[p][i] - want[p][i]));
-          scale = std::max(scale, std::abs(want[p][i]));
-        }
-      CHECK(worst <= 1e-4 * scale);
-    }
+    INFO("eps " << eps << " base " << base);
+    check_against_float64(bytes, {1, 403, 407, 261, 378, 24, 9, 77}, {"reference", "blas", "spe", "native"});
   }
   // Llama 3.1's rope_freqs.weight: one factor per rotated pair (head size 32:
   // 16 factors), dividing the angle; the engine follows the float64 pass.
@@ -454,23 +464,7 @@ TEST_CASE("gguf model: another RMSNorm epsilon and RoPE base (Llama 3, Qwen2 val
     REQUIRE(f.ok());
     REQUIRE((*f)->rope_factors() != nullptr);
     CHECK((*f)->rope_factors()[15] == 8.5f);
-    auto g = model::gguf::file::from_bytes(bytes, "edited.gguf");
-    REQUIRE(g.ok());
-    dense_ref ref(**g);
-    const std::vector<int> ids = {1, 403, 407, 261, 378, 24};
-    std::vector<std::vector<double>> want;
-    for (size_t p = 0; p < ids.size(); ++p) want.push_back(ref.forward(ids[p], static_cast<int>(p)));
-    for (const char* be : {"reference", "native"}) {
-      INFO("rope_freqs, backend " << be);
-      const auto got = logits_of(*f, ids, kernels::matmul_mode::exact, be);
-      double worst = 0, scale = 0;
-      for (size_t p = 0; p < ids.size(); ++p)
-        for (size_t i = 0; i < want[p].size(); ++i) {
-          worst = std::max(worst, std::abs(got[p][i] - want[p][i]));
-          scale = std::max(scale, std::abs(want[p][i]));
-        }
-      CHECK(worst <= 1e-4 * scale);
-    }
+    check_against_float64(bytes, {1, 403, 407, 261, 378, 24}, {"reference", "native"});
     // Factors of the wrong length are refused naming the tensor.
     auto bad = model::model_file::from_bytes(
         rewrite(path, [&](auto& w) {
