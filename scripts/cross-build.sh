@@ -177,7 +177,7 @@ test_ppc64() {
   fi
   run_ppc64 test_kernels
   run_ppc64 test_topologies
-  run_ppc64 test_model '~[cli]~[fixtures]~big-endian files load through the byte-swap path'
+  run_ppc64 test_model '~[cli]~[fixtures]~big-endian files load through the byte-swap path~q8_0 teacher-forced on a fixture*'
   run_ppc64 test_model 'engine reproduces every llama2.c fixture with each backend' \
     -c 'reference greedy_prompt_lily_tom_n100'
   return $rc

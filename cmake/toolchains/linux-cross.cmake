@@ -36,6 +36,9 @@ if(CELLSHARD_SYSROOT)
   set(_rl "-Wl,-rpath-link,${CELLSHARD_SYSROOT}/usr/lib/${CELLSHARD_CROSS_TRIPLE}")
   string(APPEND _rl " -Wl,-rpath-link,${CELLSHARD_SYSROOT}/lib/${CELLSHARD_CROSS_TRIPLE}")
   set(CMAKE_EXE_LINKER_FLAGS_INIT "${_rl}")
+  # Debian's multiarch headers (openssl/opensslconf.h) live in usr/include/<triplet>.
+  set(CMAKE_C_FLAGS_INIT "-isystem ${CELLSHARD_SYSROOT}/usr/include/${CELLSHARD_CROSS_TRIPLE}")
+  set(CMAKE_CXX_FLAGS_INIT "-isystem ${CELLSHARD_SYSROOT}/usr/include/${CELLSHARD_CROSS_TRIPLE}")
   set(CMAKE_SHARED_LINKER_FLAGS_INIT "${_rl}")
 endif()
 
