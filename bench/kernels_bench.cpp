@@ -8,7 +8,7 @@
 #include "kernels/spe.hpp"
 #include "kernels/types.hpp"
 
-#ifdef CELLSHARD_HAVE_BLAS
+#ifndef CELLSHARD_NO_BLAS
 #include <cblas.h>
 #endif
 #include <nlohmann/json.hpp>
@@ -278,7 +278,7 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
     // Baseline: OpenBLAS sgemv on the f32 matrix of this shape (for q8 shapes
     // too: same product, 3.8x the bytes). Skipped for q8 shapes above 64 MiB of f32.
     double sgemv_s = -1;
-#ifdef CELLSHARD_HAVE_BLAS  // a build without OpenBLAS (cross builds) has no baseline row
+#ifndef CELLSHARD_NO_BLAS  // a build without OpenBLAS (cross builds) has no baseline row
     if (!sh.quant()) {
       sgemv_s = time_median(
           [&] {

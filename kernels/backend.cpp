@@ -30,7 +30,7 @@ const char* to_string(matmul_mode m) {
 namespace {
 std::vector<const backend*>& registry() {
   static std::vector<const backend*> r{&reference_backend(),
-#ifdef CELLSHARD_HAVE_BLAS
+#ifndef CELLSHARD_NO_BLAS
                                        &blas_backend(),
 #endif
                                        &native_backend(),
@@ -75,7 +75,7 @@ backend_choice choose_backend(const std::string& name) {
   return c;
 }
 
-#ifndef CELLSHARD_HAVE_BLAS
+#ifdef CELLSHARD_NO_BLAS
 void set_blas_threads(int) {}
 #endif
 

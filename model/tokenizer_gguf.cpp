@@ -7,7 +7,7 @@
 
 #include "model/gguf.hpp"
 
-#ifdef CELLSHARD_HAVE_ICU
+#ifndef CELLSHARD_NO_ICU
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
 #endif
@@ -106,7 +106,7 @@ bool is_llama3_pre(const std::string& pre) {
   return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3";
 }
 
-#ifdef CELLSHARD_HAVE_ICU
+#ifndef CELLSHARD_NO_ICU
 std::string icu_pattern(std::string re) {
   replace_all(re, "\\s", "\\p{White_Space}");
   replace_all(re, "\\S", "\\P{White_Space}");

@@ -62,7 +62,7 @@ std::vector<config> cell_configs() {
 
 // A build without OpenBLAS (CELLSHARD_BLAS=OFF, the cross builds) has no blas backend.
 bool blas_in_build() {
-#ifdef CELLSHARD_HAVE_BLAS
+#ifndef CELLSHARD_NO_BLAS
   return true;
 #else
   return false;
