@@ -142,12 +142,12 @@ ppc64_tests=(test_kernels test_topologies test_journal_format test_model test_gg
 
 compile() {
   if [ "$arch" = s390x ]; then
-    cmake --build "$build" --target cellshard supervision_tests -j"$(nproc)"
+    cmake --build "$build" --target cellshard supervision_tests -j"${CELLSHARD_JOBS:-$(nproc)}"
     echo "binary: $build/tools/cellshard"
   else
     local targets=("${ppc64_tests[@]}")
     [ "$run_tests" = all ] && targets+=(test_kernels_fixtures)
-    cmake --build "$build" --target "${targets[@]}" -j"$(nproc)"
+    cmake --build "$build" --target "${targets[@]}" -j"${CELLSHARD_JOBS:-$(nproc)}"
   fi
 }
 

@@ -168,7 +168,14 @@ TEST_CASE("gguf model: llama.cpp's logits on llama2-small-q8_0.gguf under --matm
   const std::string raw = test::read_file(lpath);
   REQUIRE(raw.size() == 8 * 512 * 4);
   std::vector<std::vector<float>> want(8, std::vector<float>(512));
-  for (int p = 0; p < 8; ++p) std::memcpy(want[p].data(), raw.data() + p * 512 * 4, 512 * 4);
+  // llama.cpp's dump is little-endian f32: assembled byte by byte, so that a
+  // big-endian host (qemu-ppc64, docs/cell.md) reads the same values.
+  for (int p = 0; p < 8; ++p)
+    for (int i = 0; i < 512; ++i) {
+      const auto* b = reinterpret_cast<const unsigned char*>(raw.data()) + (p * 512 + i) * 4;
+      const uint32_t u = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+      std::memcpy(&want[p][i], &u, 4);
+    }
   for (auto mode : {kernels::matmul_mode::ggml, kernels::matmul_mode::exact}) {
     const auto got = logits_of(f, ids, mode);
     int same_top1 = 0;
