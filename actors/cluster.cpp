@@ -68,7 +68,7 @@ public:
     init.heartbeat = req.heartbeat;
     init.coordinator = req.coordinator;
     init.weights = *w;
-    init.backend = kernels::find_backend(req.kernels);
+    init.backend = kernels::choose_backend(req.kernels).be;  // run reports a substitute
     if (!init.backend) return make_error("kernels: unknown backend '" + req.kernels + "'");
     init.node = states_.at(req.placed->node);
     return spawn_shard(sys, std::move(init));
@@ -192,7 +192,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
     im->tok = b->tok;
   }
   const model::config& mc = im->file->cfg();
-  if (!kernels::find_backend(opts.kernels))
+  if (!kernels::choose_backend(opts.kernels).be)
     return make_error("kernels: unknown backend '" + opts.kernels + "'");
   // A q8_0 file runs as q8_0 whatever --weights says (model/quant.hpp).
   const std::string weights = im->file->quantized() ? "q8_0" : opts.weights;

@@ -142,11 +142,16 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
     out.error = fmt.message();
     return out;
   }
-  const kernels::backend* be = kernels::find_backend(s.kernels);
-  if (!be) {
-    out.error = "kernels: unknown backend '" + s.kernels + "'";
+  // A backend this build lacks (a cross build has no OpenBLAS) is replaced by
+  // the best conforming one; the front end reports it from the join's list.
+  const auto choice = kernels::choose_backend(s.kernels);
+  if (!choice.be) {
+    out.error = "kernels: " + choice.note;
     return out;
   }
+  if (!choice.note.empty())
+    log(self, "placement index " + std::to_string(s.index) + ": " + choice.note);
+  const kernels::backend* be = choice.be;
   model::slice_spec spec;
   spec.layer_begin = s.layer_begin;
   spec.layer_end = s.layer_end;
@@ -367,6 +372,8 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.used_bytes = st.node->used_bytes.load();
         r.link_bandwidth_bps = st.node->shaper->spec().bandwidth_bps;
         r.link_latency_us = st.node->shaper->spec().latency_us;
+        r.backends = kernels::backend_names();
+        r.big_endian = model::host_is_big_endian();
         if (j.fp.protocol != node_protocol_version) {
           r.error = "protocol version " + std::to_string(j.fp.protocol) + " (this node speaks " +
                     std::to_string(node_protocol_version) + ")";

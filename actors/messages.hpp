@@ -368,11 +368,18 @@ struct node_joined {
   uint64_t used_bytes = 0;
   uint64_t link_bandwidth_bps = 0;  // the daemon's link shaping (0 / 0: unshaped), so that
   double link_latency_us = 0;       // the front end measures it against this target
+  /// The kernel backends of the daemon's build (kernels::backend_names()): a
+  /// cross build has no "blas"; a shard asked for a backend its node lacks
+  /// runs on kernels::choose_backend()'s substitute, which the front end
+  /// reports (remote_host::join_notes()).
+  std::vector<std::string> backends;
+  bool big_endian = false;          // the daemon's CPU byte order (docs/cell.md)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_joined& x) {
   return f(caf::meta::type_name("node_joined"), x.error, x.fp, x.models_dir, x.profile,
-           x.budget_bytes, x.used_bytes, x.link_bandwidth_bps, x.link_latency_us);
+           x.budget_bytes, x.used_bytes, x.link_bandwidth_bps, x.link_latency_us, x.backends,
+           x.big_endian);
 }
 
 /// front end -> daemon: open direct connections to these daemons, so that

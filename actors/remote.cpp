@@ -1,6 +1,7 @@
 #include "actors/remote.hpp"
 
 #include "actors/guard.hpp"
+#include <algorithm>
 
 #include "actors/messages.hpp"
 #include "topologies/profile.hpp"
@@ -255,6 +256,8 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   {
     std::vector<node_joined> replies(n);
     std::vector<std::string> errs(n);
+    backends_.assign(n, {});
+    big_endian_.assign(n, false);
     auto send = [&](size_t i) {
       return self->request(d[i], opts_.request_timeout, node_join{fp, static_cast<int32_t>(i), owner});
     };
@@ -291,6 +294,8 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
         if (!diff.empty()) append(errors, who + " refused: cluster fingerprint mismatch: " + diff);
         // The link the daemon shapes is the target its measurement is held to.
         specs_[i].prof.link = topologies::link_spec{r.link_bandwidth_bps, r.link_latency_us};
+        backends_[i] = r.backends;
+        big_endian_[i] = r.big_endian;
       }
     }
     if (!errors.empty()) {
@@ -411,6 +416,23 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   }
   self->demonitor(target);
   if (gone && down_ && node < static_cast<int>(down_->size())) (*down_)[node] = true;
+  return out;
+}
+
+std::vector<std::string> remote_host::join_notes(const std::string& kernels) const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < backends_.size(); ++i) {
+    const auto& b = backends_[i];
+    if (b.empty() || std::find(b.begin(), b.end(), kernels) != b.end()) continue;
+    // The daemon's substitute, by the rule of kernels::choose_backend().
+    const bool native = std::find(b.begin(), b.end(), "native") != b.end();
+    std::string have;
+    for (const auto& n : b) have += (have.empty() ? "" : ", ") + n;
+    out.push_back(describe(static_cast<int>(i)) + " (" + (big_endian_[i] ? "big" : "little") +
+                  "-endian) has no '" + kernels + "' backend (its build has " + have +
+                  "): its shards run on '" + (native ? "native" : "reference") +
+                  "', which conforms to the reference");
+  }
   return out;
 }
 

@@ -93,8 +93,15 @@ public:
   /// The daemon actor of `node` after connect() (invalid before).
   caf::actor daemon(int node) const;
 
+  /// After connect(): one line per node whose build lacks backend `kernels`
+  /// (its shards run on kernels::choose_backend()'s substitute), naming the
+  /// node, its byte order and the backend it uses instead. Empty otherwise.
+  std::vector<std::string> join_notes(const std::string& kernels) const;
+
 private:
   std::vector<remote_node> entries_;
+  std::vector<std::vector<std::string>> backends_;  // per node, from its join
+  std::vector<bool> big_endian_;
   remote_options opts_;
   std::vector<topologies::node_spec> specs_;
   // A cluster whose start fails destroys its actor system without calling

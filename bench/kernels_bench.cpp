@@ -8,7 +8,9 @@
 #include "kernels/spe.hpp"
 #include "kernels/types.hpp"
 
+#ifndef CELLSHARD_NO_BLAS
 #include <cblas.h>
+#endif
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -276,6 +278,7 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
     // Baseline: OpenBLAS sgemv on the f32 matrix of this shape (for q8 shapes
     // too: same product, 3.8x the bytes). Skipped for q8 shapes above 64 MiB of f32.
     double sgemv_s = -1;
+#ifndef CELLSHARD_NO_BLAS  // a build without OpenBLAS (cross builds) has no baseline row
     if (!sh.quant()) {
       sgemv_s = time_median(
           [&] {
@@ -293,6 +296,7 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
           },
           o.min_seconds);
     }
+#endif
     const char* kname = sh.type == wtype::q8_0   ? "matvec_q8"
                         : sh.type == wtype::q4_0 ? "matvec_q4"
                                                  : "matvec_f32";

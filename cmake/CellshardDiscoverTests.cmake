@@ -14,7 +14,8 @@
 # would split it into two tests that each match nothing.
 #
 # Inputs (-D): EXE, LABEL, WORKING_DIR, CTEST_FILE, ENV (one VAR=VALUE), TIMEOUT,
-# SLOW_TIMEOUT (of the cases labelled slow).
+# SLOW_TIMEOUT (of the cases labelled slow), EXTRA_LABELS (more labels for every
+# case, e.g. `cross`; may be empty).
 set(groups
   "~[inproc]~[processes]~[slow]|${LABEL}"
   "[inproc]~[processes]~[slow]|inproc"
@@ -27,6 +28,7 @@ foreach(group IN LISTS groups)
   list(GET parts 0 spec)
   list(GET parts 1 label)
   set(timeout ${TIMEOUT})
+  set(labels ${label} ${EXTRA_LABELS})
   if(label STREQUAL "slow")
     set(timeout ${SLOW_TIMEOUT})
   endif()
@@ -55,7 +57,7 @@ foreach(group IN LISTS groups)
     string(APPEND script
       "add_test([==[${name}]==] [==[${EXE}]==] [==[${spec_name}]==])\n"
       "set_tests_properties([==[${name}]==] PROPERTIES WORKING_DIRECTORY [==[${WORKING_DIR}]==]"
-      " LABELS ${label} ENVIRONMENT [==[${ENV}]==] TIMEOUT ${timeout}"
+      " LABELS \"${labels}\" ENVIRONMENT [==[${ENV}]==] TIMEOUT ${timeout}"
       " FAIL_REGULAR_EXPRESSION \"No test cases matched\")\n")
   endforeach()
 endforeach()

@@ -29,7 +29,11 @@ const char* to_string(matmul_mode m) {
 
 namespace {
 std::vector<const backend*>& registry() {
-  static std::vector<const backend*> r{&reference_backend(), &blas_backend(), &native_backend(),
+  static std::vector<const backend*> r{&reference_backend(),
+#ifndef CELLSHARD_NO_BLAS
+                                       &blas_backend(),
+#endif
+                                       &native_backend(),
                                        &spe_backend(), &spu_host_backend()};
   return r;
 }
@@ -52,6 +56,28 @@ std::vector<std::string> backend_names() {
   for (auto* b : registry()) out.emplace_back(b->name);
   return out;
 }
+
+backend_choice choose_backend(const std::string& name) {
+  backend_choice c;
+  c.be = find_backend(name);
+  if (c.be) return c;
+  if (name == "blas" || name == "native") {
+    c.be = find_backend("native");
+    if (!c.be) c.be = &reference_backend();
+    c.note = "backend '" + name + "' is not in this build (" +
+             (name == "blas" ? std::string("built without OpenBLAS") : std::string("not compiled in")) +
+             "); using '" + c.be->name + "', which conforms to the reference";
+    return c;
+  }
+  std::string names;
+  for (auto& n : backend_names()) names += (names.empty() ? "" : ", ") + n;
+  c.note = "unknown backend '" + name + "', expected one of " + names;
+  return c;
+}
+
+#ifdef CELLSHARD_NO_BLAS
+void set_blas_threads(int) {}
+#endif
 
 // IEEE binary16 conversions (round to nearest even; subnormals, inf and NaN
 // handled), written from the IEEE 754-2008 bit layouts.

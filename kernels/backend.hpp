@@ -168,7 +168,21 @@ const backend* find_backend(const std::string& name);
 /// Names of every registered backend, in registration order.
 std::vector<std::string> backend_names();
 
+/// What to run when a node is asked for backend `name` (a daemon's shard
+/// spawn, `run --kernels`). `be` is find_backend(name) when this build has
+/// it. A backend that exists only in some builds ("blas" needs OpenBLAS,
+/// which cross builds leave out: CELLSHARD_BLAS=OFF; "native") is replaced
+/// by the best conforming backend this build has ("native" if present, else
+/// "reference"; both give the reference's ids), and `note` says so, naming
+/// both. An unknown name gives be == nullptr and a note listing the names.
+struct backend_choice {
+  const backend* be = nullptr;
+  std::string note;  // empty when `be` is the backend asked for
+};
+backend_choice choose_backend(const std::string& name);
+
 const backend& reference_backend();
+/// Only in builds with OpenBLAS (CMake option CELLSHARD_BLAS, the default).
 const backend& blas_backend();
 
 /// Registers a backend table (used by backends defined in other translation
@@ -187,6 +201,7 @@ void quantize_row_q8(const float* x, q8_block* out, int cols);
 void dequantize_row_q8(const q8_block* in, float* out, int cols);
 
 /// Caps the threads OpenBLAS uses (openblas_set_num_threads); 0 leaves it.
+/// Does nothing in a build without OpenBLAS.
 void set_blas_threads(int n);
 
 }  // namespace cellshard::kernels

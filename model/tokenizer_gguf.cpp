@@ -7,8 +7,10 @@
 
 #include "model/gguf.hpp"
 
+#ifndef CELLSHARD_NO_ICU
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
+#endif
 #include <xxhash.h>
 
 #include <algorithm>
@@ -104,6 +106,7 @@ bool is_llama3_pre(const std::string& pre) {
   return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3";
 }
 
+#ifndef CELLSHARD_NO_ICU
 std::string icu_pattern(std::string re) {
   replace_all(re, "\\s", "\\p{White_Space}");
   replace_all(re, "\\S", "\\P{White_Space}");
@@ -174,6 +177,22 @@ std::vector<std::string> regex_split(const std::string& text, const compiled_reg
   }
   return out;
 }
+
+#else  // a build without ICU (CMake CELLSHARD_ICU=OFF: the powerpc64 cross build)
+
+}  // namespace
+
+struct compiled_regexes {};
+
+namespace {
+result<std::shared_ptr<const compiled_regexes>> compile(const std::vector<std::string>& res) {
+  if (res.empty()) return std::make_shared<const compiled_regexes>();
+  return make_error("pre-tokenizer expression '" + res.front() +
+                    "' needs ICU, and this build has none (configured with CELLSHARD_ICU=OFF)");
+}
+
+std::vector<std::string> regex_split(const std::string& text, const compiled_regexes&) { return {text}; }
+#endif
 
 /// A symbol of the merge loops: a byte range of the word, linked to its
 /// neighbours; n == 0 once merged into its left neighbour.

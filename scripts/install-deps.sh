@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Installs every Debian package cellshard's build, tests and examples need.
 # Idempotent, and quiet when everything is already present. Needs root (or sudo).
+# --cross adds the big-endian cross toolchains and qemu-user (scripts/cross-build.sh,
+# docs/cell.md); the target libraries are not installed into the host: cross-build.sh
+# downloads and unpacks them into its own sysroot.
 set -euo pipefail
+cross=0
+[ "${1:-}" = "--cross" ] && cross=1
 pkgs=(
   build-essential cmake pkg-config git
   libcaf-dev libssl-dev          # CAF 0.17.6 (core, io, openssl)
@@ -21,6 +26,13 @@ pkgs=(
 # The serve tests' Node.js clients (OpenAI SDK, playwright-core) need node and
 # npm; Debian's packages only when no node is installed (a newer one may be).
 command -v npm >/dev/null || pkgs+=(nodejs npm)
+if [ $cross -eq 1 ]; then
+  pkgs+=(
+    g++-s390x-linux-gnu          # s390x: 64-bit big-endian, with Debian packages of CAF for it
+    g++-powerpc64-linux-gnu      # ppc64: the PS3 PPE's instruction set, big-endian
+    qemu-user-static             # runs both on this host
+  )
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

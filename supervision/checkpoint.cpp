@@ -143,7 +143,9 @@ bytes encode_archive(std::uint8_t kind, const std::string& key, std::uint64_t be
                      std::uint64_t end, const bytes& payload) {
   std::ostringstream os(std::ios::binary);
   {
-    cereal::PortableBinaryOutputArchive ar(os);
+    // Little-endian whatever the host: cereal's default is the host's order,
+    // which made a big-endian node's archives (and their XXH64) differ.
+    cereal::PortableBinaryOutputArchive ar(os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
     ar(key, begin, end, payload);
   }
   auto body = os.str();

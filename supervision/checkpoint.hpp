@@ -218,7 +218,9 @@ public:
     try {
       std::ostringstream os(std::ios::binary);
       {
-        cereal::PortableBinaryOutputArchive ar(os);
+        // Little-endian whatever the host: cereal's default is the host's order,
+        // which made a big-endian node's archives (and their XXH64) differ.
+        cereal::PortableBinaryOutputArchive ar(os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
         ar(value);
       }
       auto s = os.str();

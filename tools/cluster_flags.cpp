@@ -10,6 +10,7 @@
 #include "topologies/placement.hpp"
 #include "topologies/profile.hpp"
 
+#include <cstdio>
 #include <algorithm>
 #include <chrono>
 
@@ -118,12 +119,12 @@ void check_cluster_flags(CLI::App* cmd, const cluster_flag_set& set, cluster_fla
 }
 
 const kernels::backend& apply_kernel_flags(const cluster_flags& o) {
-  const kernels::backend* be = kernels::find_backend(o.kernels);
-  if (!be) {
-    std::string names;
-    for (auto& n : kernels::backend_names()) names += (names.empty() ? "" : ", ") + n;
-    throw cli_error("--kernels: unknown backend '" + o.kernels + "', expected one of " + names, 2);
-  }
+  // A backend this build lacks ("blas" in a cross build without OpenBLAS) is
+  // replaced by the best conforming one, said on stderr.
+  const auto choice = kernels::choose_backend(o.kernels);
+  if (!choice.be) throw cli_error("--kernels: " + choice.note, 2);
+  if (!choice.note.empty()) std::fprintf(stderr, "note: --kernels: %s\n", choice.note.c_str());
+  const kernels::backend* be = choice.be;
   auto fmt = model::parse_weight_format(o.weights);
   if (!fmt) throw cli_error(fmt.message(), 2);
   kernels::set_blas_threads(o.blas_threads);

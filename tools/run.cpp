@@ -429,6 +429,9 @@ int do_run(const run_opts& o) {
     check_fault_steps(co.faults, gp.steps);
     auto c = actors::cluster::start(co);
     if (!c) throw cli_error(c.message());
+    // Daemons whose build lacks --kernels (a cross build has no OpenBLAS) say what they run instead.
+    if (auto remote = std::dynamic_pointer_cast<actors::remote_host>(co.host))
+      for (const auto& note : remote->join_notes(o.cf.kernels)) std::fprintf(stderr, "note: %s\n", note.c_str());
     if (o.cf.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
     // The limits in effect, measured before the run (a limit not in effect
     // is the commonest mistake in such experiments).

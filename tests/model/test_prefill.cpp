@@ -31,7 +31,12 @@ TEST_CASE("prefill in chunks gives the logits of one position at a time bit for 
     kernels::native::isa isa;
   };
   std::vector<level> levels;
-  for (const char* b : {"reference", "blas", "spe"}) levels.push_back({b, kernels::native::isa::portable});
+  for (const char* b : {"reference", "blas", "spe"}) {
+#ifdef CELLSHARD_NO_BLAS
+    if (std::string(b) == "blas") continue;  // cross builds have no OpenBLAS
+#endif
+    levels.push_back({b, kernels::native::isa::portable});
+  }
   const auto best = kernels::native::best_isa();
   for (auto i : {kernels::native::isa::portable, kernels::native::isa::avx2, kernels::native::isa::avx512,
                  kernels::native::isa::neon})

@@ -31,8 +31,9 @@
 namespace cellshard::test {
 
 daemon_process::daemon_process(const std::string& dir, const std::vector<std::string>& extra_args,
-                               double deadline_s) {
-  std::vector<std::string> args = {cellshard_bin(), "node", "--listen", "127.0.0.1:0"};
+                               double deadline_s, const std::vector<std::string>& command) {
+  std::vector<std::string> args = command.empty() ? std::vector<std::string>{cellshard_bin()} : command;
+  args.insert(args.end(), {"node", "--listen", "127.0.0.1:0"});
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));

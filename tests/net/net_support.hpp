@@ -21,8 +21,11 @@ namespace cellshard::test {
 /// when the thread that started it ends, so start it from the test's thread).
 class daemon_process {
 public:
+  /// `command` replaces the binary (default: {cellshard_bin()}), e.g.
+  /// {"qemu-s390x-static", "-L", SYSROOT, ".../cellshard"} for a cross-built
+  /// daemon under QEMU (tests/net/test_cross.cpp).
   daemon_process(const std::string& dir, const std::vector<std::string>& extra_args,
-                 double deadline_s = 20);
+                 double deadline_s = 20, const std::vector<std::string>& command = {});
   ~daemon_process();
   daemon_process(const daemon_process&) = delete;
   daemon_process& operator=(const daemon_process&) = delete;
