@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace cellshard {
@@ -23,6 +24,13 @@ double percentile(std::vector<T> v, double q) {
   const std::size_t hi = std::min(lo + 1, v.size() - 1);
   const double a = static_cast<double>(v[lo]), b = static_cast<double>(v[hi]);
   return a + (h - static_cast<double>(lo)) * (b - a);
+}
+
+/// percentile(v, 0.5): the middle sample, or the mean of the two middle ones
+/// when there is an even number of them. Empty input: 0.
+template <class T>
+double median(std::vector<T> v) {
+  return percentile(std::move(v), 0.5);
 }
 
 }  // namespace cellshard

@@ -6,6 +6,8 @@
 #include "actors/cluster.hpp"
 #include "actors/messages.hpp"
 #include "model/synth.hpp"
+#include "base/percentile.hpp"
+#include "actors/run_report.hpp"
 #include "tools/bench.hpp"
 #include "tools/common.hpp"
 
@@ -18,12 +20,6 @@
 namespace cellshard::tools {
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct encode_result {
   double blob_mbs, caf_mbs;
@@ -116,7 +112,7 @@ int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& ro
           auto out = (*c)->generate(gp);
           if (!out || !out->ok) throw cli_error("bench run failed: " + (out ? out->error : out.message()));
           tpot.push_back(median(out->result.step_ms));
-          share.push_back(std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms));
+          share.push_back(actors::comm_share(*out));
         }
         const double t = median(tpot);
         if (n == o.nodes.front()) base = t;

@@ -16,6 +16,8 @@
 #include "actors/messages.hpp"
 #include "actors/remote.hpp"
 #include "actors/local_daemons.hpp"
+#include "base/percentile.hpp"
+#include "actors/run_report.hpp"
 #include "tools/bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
@@ -47,12 +49,6 @@ namespace cellshard::tools {
 namespace {
 
 using clk = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::string self_exe() {
   char buf[4096];
@@ -205,7 +201,7 @@ run_result run_cluster(const loaded_model& lm, std::shared_ptr<actors::shard_hos
     auto out = (*c)->generate(gp);
     if (!out || !out->ok) throw cli_error("bench net: run failed: " + (out ? out->error : out.message()));
     tpot.push_back(median(out->result.step_ms));
-    share.push_back(std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms));
+    share.push_back(actors::comm_share(*out));
   }
   r.tpot_ms = median(tpot);
   r.comm_share = median(share);

@@ -1,5 +1,6 @@
 // `cellshard bench peers`: cellshard's decode speed against llama2.c's run.c
 // (issue #18). See tools/bench.hpp (peers_bench_options).
+#include "base/percentile.hpp"
 #include "tools/bench.hpp"
 
 #include "tools/common.hpp"
@@ -71,13 +72,6 @@ double achieved(const std::string& text) {
   const size_t at = text.rfind(key);
   if (at == std::string::npos) return -1;
   return std::atof(text.c_str() + at + key.size());
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string find_first(const std::vector<std::string>& candidates) {

@@ -4,6 +4,7 @@
 // read once per chunk), in alternation on the same weights, `repeat` rounds;
 // prompt tokens/s of each and the median of the per-round ratios. Also checks
 // that both left the same last logits (bit for bit), and fails if not.
+#include "base/percentile.hpp"
 #include "tools/bench.hpp"
 
 #include "kernels/backend.hpp"
@@ -32,11 +33,6 @@ double now_s(bool cpu) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include "actors/cluster.hpp"
 #include "actors/remote.hpp"
 #include "supervision/fault_plan.hpp"
+#include "base/percentile.hpp"
 #include "tools/bench.hpp"
 #include "tools/common.hpp"
 #include "actors/local_daemons.hpp"
@@ -271,11 +272,8 @@ process_trace run_over_daemons(local_daemons& d, const loaded_model& lm, const r
   return t;
 }
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+/// The median (base/percentile.hpp), or -1 ("none") for no samples.
+double median_of(std::vector<double> v) { return v.empty() ? -1 : median(std::move(v)); }
 
 /// Token times (ms since t0) of a trace: one "token t_ms" line per token.
 void write_series(const std::string& path, const process_trace& t) {

@@ -20,7 +20,9 @@
 //                          before the next run, so every run has the full cluster.
 // Every run has a deadline (--deadline); past it the run is hung, and over
 // --processes every daemon is replaced.
+#include "actors/chaos_plan.hpp"
 #include "actors/cluster.hpp"
+#include "actors/run_report.hpp"
 #include "actors/remote.hpp"
 #include "supervision/fault_plan.hpp"
 #include "tools/commands.hpp"
@@ -77,66 +79,7 @@ int64_t steady_ns() {
       .count();
 }
 
-/// A fault from outside a daemon process (--processes only).
-struct external_fault {
-  std::string kind;  // "kill" (SIGKILL) | "stop" (SIGSTOP, then SIGCONT)
-  int index = 0;     // placement index whose daemon (at the time) is signalled
-  int at = 1;        // when the at-th token is delivered
-  int ms = 0;        // stop: SIGCONT after ms (0: after the run)
-};
-
-std::string to_string(const external_fault& f) {
-  std::string s = f.kind + ":node=" + std::to_string(f.index) + ":step=" + std::to_string(f.at);
-  if (f.ms > 0) s += ":ms=" + std::to_string(f.ms);
-  return s;
-}
-
-/// One drawn fault: an injected plan or an external signal.
-struct drawn_fault {
-  bool external = false;
-  supervision::fault_plan plan;
-  external_fault ext;
-  std::string text() const { return external ? to_string(ext) : supervision::to_string(plan); }
-};
-
-/// Draws one fault of a kind in `kinds`, on a working shard, at a position the reference reached.
-drawn_fault draw(std::mt19937_64& rng, const std::vector<std::string>& kinds, int shards, int positions) {
-  using K = supervision::fault_kind;
-  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  drawn_fault d;
-  const std::string kind = kinds[static_cast<size_t>(uni(0, static_cast<int>(kinds.size()) - 1))];
-  if (kind == "kill" || kind == "stop") {
-    d.external = true;
-    d.ext.kind = kind;
-    d.ext.index = uni(0, shards - 1);
-    d.ext.at = uni(1, std::max(1, positions - 2));
-    if (kind == "stop" && uni(0, 1)) d.ext.ms = uni(100, 2000);
-    return d;
-  }
-  auto& f = d.plan;
-  f.kind = supervision::parse_fault_kind(kind).value();
-  f.node = static_cast<uint32_t>(uni(0, shards - 1));
-  f.step = static_cast<uint64_t>(uni(0, std::max(0, positions - 2)));
-  switch (f.kind) {
-    case K::crash: break;
-    case K::silence:
-      if (uni(0, 1)) f.duration_ms = static_cast<uint64_t>(uni(100, 2000));
-      break;
-    case K::slow:
-      f.duration_ms = static_cast<uint64_t>(uni(1, 10));
-      f.count = static_cast<uint32_t>(uni(1, 20));
-      break;
-    case K::drop: f.count = static_cast<uint32_t>(uni(1, 2)); break;
-    case K::delay:
-      f.duration_ms = static_cast<uint64_t>(uni(1, 50));
-      f.count = static_cast<uint32_t>(uni(1, 3));
-      break;
-    case K::corrupt: f.count = static_cast<uint32_t>(uni(1, 2)); break;
-    case K::partition: f.duration_ms = static_cast<uint64_t>(uni(50, 1500)); break;
-    default: break;
-  }
-  return d;
-}
+using actors::external_fault;
 
 /// SIGCONTs stopped daemons at their time, on its own thread, until stop().
 class thaw_timer {
@@ -213,12 +156,7 @@ int do_chaos(const chaos_opts& o) {
   const auto deadline = std::chrono::seconds(o.deadline_s);
 
   // The kinds to draw from.
-  std::vector<std::string> kinds = o.kinds;
-  if (kinds.empty()) {
-    for (int k = 0; k < static_cast<int>(supervision::fault_kind::count); ++k)
-      kinds.push_back(supervision::to_string(static_cast<supervision::fault_kind>(k)));
-    if (o.processes > 0) kinds.insert(kinds.end(), {"kill", "stop"});
-  }
+  const std::vector<std::string> kinds = o.kinds.empty() ? actors::default_fault_kinds(o.processes > 0) : o.kinds;
 
   // Node daemons: started here (--processes) or given (--cluster).
   std::unique_ptr<local_daemons> daemons;
@@ -282,27 +220,16 @@ int do_chaos(const chaos_opts& o) {
   std::fflush(stdout);
   for (int run = 0; run < o.runs; ++run) {
     actors::cluster_options co = base;
+    // The faults of this run (actors/chaos_plan.hpp).
+    const actors::run_plan drawn = actors::draw_run_plan(rng, kinds, shards, positions, o.faults_per_run);
+    co.faults = drawn.injected;
+    std::vector<fired_external> externals;
+    for (const auto& e : drawn.external) externals.push_back({e, -1, 0, ""});
     std::string plan_text;
     nlohmann::json plan = nlohmann::json::array();
-    std::vector<fired_external> externals;
-    int64_t last_step = -1, last_at = -1;  // of the previous plan / external fault of this run
-    for (int k = 0; k < o.faults_per_run; ++k) {
-      auto f = draw(rng, kinds, shards, positions);
-      // One time in four a further fault coincides with the previous one of
-      // its sort: overlapping failures (two shards of a group at once) are
-      // their own case for the supervision tree.
-      if (k > 0 && std::uniform_int_distribution<int>(0, 3)(rng) == 0) {
-        if (!f.external && last_step >= 0) f.plan.step = static_cast<uint64_t>(last_step);
-        if (f.external && last_at >= 0) f.ext.at = static_cast<int>(last_at);
-      }
-      if (f.external) last_at = f.ext.at;
-      else last_step = static_cast<int64_t>(f.plan.step);
-      if (f.external)
-        externals.push_back({f.ext, -1, 0, ""});
-      else
-        co.faults.push_back(f.plan);
-      plan_text += (plan_text.empty() ? "" : " ") + f.text();
-      plan.push_back(f.text());
+    for (const auto& t : drawn.texts) {
+      plan_text += (plan_text.empty() ? "" : " ") + t;
+      plan.push_back(t);
     }
     std::string outcome, detail;
     nlohmann::json faults_json = nlohmann::json::array();
@@ -401,9 +328,7 @@ int do_chaos(const chaos_opts& o) {
           if (used.count(k)) continue;
           if (f.detect_ms >= 0) detect.push_back(f.detect_ms);
           if (f.recover_ms >= 0) recover.push_back(f.recover_ms);
-          faults_json.push_back({{"kind", f.kind}, {"node", f.index}, {"step", f.step}, {"detect_ms", f.detect_ms},
-                                 {"recover_ms", f.recover_ms}, {"replayed_positions", f.replayed_positions},
-                                 {"host_node", f.node}, {"moved_to_node", f.moved_to_node}});
+          faults_json.push_back(actors::to_json(f));
         }
       }
     }  // the cluster is shut down here
@@ -507,14 +432,7 @@ void add_chaos(CLI::App& app, int& status) {
       throw cli_error("--tls-cert/--tls-key/--tls-ca secure the connections to node daemons: they need --cluster",
                       2);
     if (!o->daemon_logs.empty() && o->processes == 0) throw cli_error("--daemon-logs needs --processes", 2);
-    for (const auto& k : o->kinds) {
-      if (k == "kill" || k == "stop") {
-        if (o->processes == 0)
-          throw cli_error("--kinds " + k + ": external faults need daemons started by chaos (--processes N)", 2);
-      } else if (!supervision::parse_fault_kind(k)) {
-        throw cli_error("--kinds: " + supervision::parse_fault_kind(k).message() + ", kill or stop", 2);
-      }
-    }
+    if (auto k = actors::check_fault_kinds(o->kinds, o->processes > 0); !k) throw cli_error(k.message(), 2);
     auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
     if (!tls) throw cli_error(tls.message(), 2);
     status = do_chaos(*o);

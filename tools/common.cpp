@@ -72,7 +72,8 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   if (!out) throw cli_error(path + ": cannot write: " + std::strerror(errno));
   out << text;
-  if (!out) throw cli_error(path + ": write failed");
+  out.close();  // the last buffered bytes reach the file here (a full disk fails here)
+  if (!out) throw cli_error(path + ": write failed: " + std::strerror(errno));
 }
 
 std::string read_text(const std::string& path) {

@@ -2,6 +2,7 @@
 // run.c prints it; "achieved tok/s" goes to stderr.
 #include "actors/cluster.hpp"
 #include "actors/remote.hpp"
+#include "actors/run_report.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/pool.hpp"
 #include "kernels/spe.hpp"
@@ -200,7 +201,7 @@ int do_demo(const run_opts& o) {
     std::printf("(generation ended at position %zu, before every planned fault fired)\n", r.ids.size() - 1);
   std::printf("TTFT %.2f ms, TPOT p50 %.3f ms p99 %.3f ms, %.1f tokens/s, communication share %.2f\n", r.ttft_ms,
               percentile(r.step_ms, 0.5), percentile(r.step_ms, 0.99), r.tokens_per_s,
-              r.duration_ms > 0 ? std::max(0.0, 1.0 - out->compute_ms / r.duration_ms) : 0.0);
+              actors::comm_share(*out));
   const bool same = r.ids == reference;
   std::printf("identical to fault-free run: %s\n", same ? "yes" : "no");
   std::fflush(stdout);
@@ -393,10 +394,7 @@ int do_run(const run_opts& o) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
-  nlohmann::json nodes_json = nlohmann::json::array(), links_json = nlohmann::json::array();
-  double comm_share = 0.0;
-  nlohmann::json faults_json = nlohmann::json::array();
-  nlohmann::json suspicions_json = nlohmann::json::array();
+  actors::run_report report;  // actors/run_report.hpp: what --json writes and the summary prints
   result<model::generation_result> res = make_error("not run");
   if (!o.cf.use_cluster) {
     auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt,
@@ -417,13 +415,13 @@ int do_run(const run_opts& o) {
           return eng.prefill(t, n, p0);
         })
                          : model::prefill_fn());
-    if (res)
-      nodes_json.push_back({{"index", 0},
-                            {"role", "whole model"},
-                            {"memory_bytes", (*w)->bytes() + lm.file->cfg().kv_cache_bytes(lm.file->cfg().seq_len)},
-                            {"compute_ms", res->duration_ms},
-                            {"bytes_sent", 0},
-                            {"bytes_received", 0}});
+    if (res) {
+      actors::node_figures whole;
+      whole.role = "whole model";
+      whole.memory_bytes = (*w)->bytes() + lm.file->cfg().kv_cache_bytes(lm.file->cfg().seq_len);
+      whole.compute_ms = res->duration_ms;
+      report.nodes.push_back(whole);
+    }
   } else {
     actors::cluster_options co = make_cluster_options(o.cf, lm, o.batch);
     check_fault_steps(co.faults, gp.steps);
@@ -435,22 +433,13 @@ int do_run(const run_opts& o) {
     if (o.cf.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
     // The limits in effect, measured before the run (a limit not in effect
     // is the commonest mistake in such experiments).
-    std::map<std::pair<int, int>, actors::cluster::link_measurement> measured;
+    std::vector<actors::cluster::link_measurement> measured;
     {
       auto ml = (*c)->measure_links();
       if (!ml) throw cli_error(ml.message());
-      for (const auto& m : *ml) {
-        measured[{m.from, m.to}] = m;
-        const double bw_err = m.target_bps > 0 ? std::abs(m.measured_bps / m.target_bps - 1) : 0;
-        const double lat_err =
-            m.target_latency_us > 0 ? std::abs(m.measured_latency_us / m.target_latency_us - 1) : 0;
-        if (bw_err > 0.1 || lat_err > 0.1)
-          std::fprintf(stderr,
-                       "warning: link %d -> %d measured %.1f Mbit/s and %.0f us, target %.1f Mbit/s and %.0f us "
-                       "(off by more than 10%%)\n",
-                       m.from, m.to, m.measured_bps / 1e6, m.measured_latency_us, m.target_bps / 1e6,
-                       m.target_latency_us);
-      }
+      measured = *ml;
+      for (const auto& m : measured)
+        if (auto w = actors::link_warning(m); !w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     }
     if (logits.active()) {
       if (!o.resume.empty()) throw cli_error("--logits-out starts at position 0: it cannot follow --resume", 2);
@@ -477,49 +466,19 @@ int do_run(const run_opts& o) {
       batch_tokens += static_cast<int>(so.result.ids.size()) - 1;
     }
     const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-    for (const auto& f : (*c)->faults())
-      faults_json.push_back({{"kind", f.kind},
-                             {"node", f.index},
-                             {"step", f.step},
-                             {"detect_ms", f.detect_ms},
-                             {"recover_ms", f.recover_ms},
-                             {"replayed_positions", f.replayed_positions},
-                             {"host_node", f.node},
-                             {"moved_to_node", f.moved_to_node},
-                             // steady-clock ns (CLOCK_MONOTONIC): a tool that killed a
-                             // daemon computes detection from its own clock
-                             {"fired_ns", f.fired_ns},
-                             {"decided_ns", f.decided_ns},
-                             {"recovered_ns", f.recovered_ns}});
-    // Suspected but answered: no restart (at: steady-clock ns, as fired_ns).
-    for (const auto& s : (*c)->suspicions())
-      suspicions_json.push_back({{"node", s.node},
-                                 {"at", s.at_ns},
-                                 {"cleared_after_ms", s.cleared_after_ms},
-                                 {"cleared_by", s.cleared_by}});
+    auto rep = actors::make_run_report(**c, *out, measured);
+    if (!rep) throw cli_error(rep.message());
+    report = std::move(*rep);
     if (!out->ok) {
       // The tokens so far are printed already; finish the line, then the error.
       if (!o.quiet) std::fputs("\n", stdout);
       if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(out->result.ids));
-      if (!o.json_out.empty()) {
-        // What a script needs to see why: the error, the partial output and the faults.
-        nlohmann::json j;
-        j["ok"] = false;
-        j["error"] = out->error;
-        j["tokens"] = static_cast<int>(out->result.ids.size()) - 1;
-        j["ids"] = out->result.ids;
-        j["duration_ms"] = out->result.duration_ms;
-        j["faults"] = faults_json;
-        j["suspicions"] = suspicions_json;
-        write_text(o.json_out, j.dump(2) + "\n");
-      }
+      // What a script needs to see why: the error, the partial output and the faults.
+      if (!o.json_out.empty()) write_text(o.json_out, actors::to_json(report).dump(2) + "\n");
       throw cli_error(out->error);
     }
     res = out->result;
     if (o.batch > 1 && wall_s > 0) res->tokens_per_s = batch_tokens / wall_s;  // aggregate
-    comm_share = out->result.duration_ms > 0
-                     ? std::max(0.0, 1.0 - out->compute_ms / out->result.duration_ms)
-                     : 0.0;
     if (!out->recoveries.empty())
       std::fprintf(stderr, "recovered %zu time(s):", out->recoveries.size());
     for (const auto& r : out->recoveries)
@@ -527,43 +486,6 @@ int do_run(const run_opts& o) {
                    r.restored_to, r.replayed_positions, r.from_upstream_log ? "from the upstream log" : "from tokens",
                    r.recover_ms);
     if (!out->recoveries.empty()) std::fprintf(stderr, "\n");
-    auto st = (*c)->stats();
-    if (!st) throw cli_error(st.message());
-    const auto mem = (*c)->node_memory();
-    const auto& plan = (*c)->placement();
-    std::map<int, nlohmann::json> by_node;
-    for (const auto& s : *st) {
-      const auto& sh = plan.shards[s.index];
-      auto& n = by_node[s.node];
-      if (n.is_null())
-        n = {{"index", s.node}, {"role", ""}, {"memory_bytes", mem[s.node]}, {"compute_ms", 0.0},
-             {"bytes_sent", 0}, {"bytes_received", 0}};
-      std::string role = "stage " + std::to_string(sh.stage) +
-                         (sh.group_size > 1 ? " rank " + std::to_string(sh.rank) : "");
-      n["role"] = n["role"].get<std::string>().empty() ? role : n["role"].get<std::string>() + ", " + role;
-      n["compute_ms"] = n["compute_ms"].get<double>() + s.compute_ns / 1e6;
-      n["bytes_sent"] = n["bytes_sent"].get<uint64_t>() + s.bytes_sent;
-      n["bytes_received"] = n["bytes_received"].get<uint64_t>() + s.bytes_received;
-      const int tokens = std::max<int>(1, static_cast<int>(out->result.ids.size()) - 1);
-      for (size_t i = 0; i < s.link_to.size(); ++i)
-      {
-        auto mit = measured.find({s.node, s.link_to[i]});
-        const bool have = mit != measured.end();
-        links_json.push_back({{"from", s.node},
-                              {"to", s.link_to[i] < 0 ? nlohmann::json("front end") : nlohmann::json(s.link_to[i])},
-                              {"bandwidth_bps", have ? nlohmann::json(mit->second.measured_bps) : nlohmann::json(nullptr)},
-                              {"latency_us", have ? nlohmann::json(mit->second.measured_latency_us) : nlohmann::json(nullptr)},
-                              {"target_bandwidth_bps", have ? nlohmann::json(mit->second.target_bps) : nlohmann::json(nullptr)},
-                              {"target_latency_us", have ? nlohmann::json(mit->second.target_latency_us) : nlohmann::json(nullptr)},
-                              {"bytes", s.link_bytes[i]},
-                              {"bytes_per_token", static_cast<double>(s.link_bytes[i]) / tokens}});
-      }
-    }
-    for (const auto& sp : plan.spares)  // a spare that took over a shard is listed by that role above
-      if (!by_node.count(sp.node))
-        by_node[sp.node] = {{"index", sp.node}, {"role", "spare"}, {"memory_bytes", mem[sp.node]},
-                            {"compute_ms", 0.0}, {"bytes_sent", 0}, {"bytes_received", 0}};
-    for (auto& kv : by_node) nodes_json.push_back(kv.second);
   }
   if (!res) throw cli_error(res.message());
   logits.close();
@@ -592,44 +514,16 @@ int do_run(const run_opts& o) {
     }
   }
 
-  if (o.cf.use_cluster) {  // a short human summary of the four metrics
-    std::string mem;
-    for (const auto& n : nodes_json)
-      mem += (mem.empty() ? "" : ", ") + std::to_string(n["index"].get<int>()) + ": " +
-             std::to_string(n["memory_bytes"].get<uint64_t>() / 1024) + " KiB";
-    std::fprintf(stderr, "summary: ttft %.2f ms, tpot p50 %.3f ms p99 %.3f ms, %.1f tok/s%s, comm share %.2f; "
-                         "memory per node {%s}; %zu fault(s)\n",
-                 res->ttft_ms, percentile(res->step_ms, 0.5), percentile(res->step_ms, 0.99), res->tokens_per_s,
-                 o.batch > 1 ? " (aggregate of the batch)" : "", comm_share, mem.c_str(), faults_json.size());
-  }
-  if (!o.json_out.empty()) {
-    nlohmann::json j;
-    j["ok"] = true;
-    j["model"] = lm.description;
-    j["kernels"] = be->name;
-    j["weights"] = model::to_string(*fmt);
-    j["matmul"] = kernels::to_string(matmul);
-    j["ttft_ms"] = res->ttft_ms;
-    j["tpot_ms_p50"] = percentile(res->step_ms, 0.5);
-    j["tpot_ms_p99"] = percentile(res->step_ms, 0.99);
-    j["tokens_per_s"] = res->tokens_per_s;
-    j["comm_share"] = comm_share;
-    j["tokens"] = static_cast<int>(res->ids.size()) - 1;
-    j["duration_ms"] = res->duration_ms;
-    j["nodes"] = nodes_json;
-    j["links"] = links_json;
-    j["faults"] = faults_json;
-    j["suspicions"] = suspicions_json;
-    j["ids"] = res->ids;
-    // When each generated token arrived, ms since the start (for timelines).
-    nlohmann::json times = nlohmann::json::array();
-    double t = res->ttft_ms;
-    times.push_back(t);
-    for (double d : res->step_ms) times.push_back(t += d);
-    j["token_times_ms"] = times;
-    if (!o.expect_ids.empty()) j["diverged"] = diverged;
-    write_text(o.json_out, j.dump(2) + "\n");
-  }
+  report.model = lm.description;
+  report.kernels = be->name;
+  report.weights = model::to_string(*fmt);
+  report.matmul = kernels::to_string(matmul);
+  report.result = *res;
+  report.batch_aggregate = o.batch > 1;
+  if (!o.expect_ids.empty()) report.diverged = diverged;
+  if (o.cf.use_cluster)  // a short human summary of the four metrics
+    std::fprintf(stderr, "summary: %s\n", actors::summary_line(report).c_str());
+  if (!o.json_out.empty()) write_text(o.json_out, actors::to_json(report).dump(2) + "\n");
   return status;
 }
 

@@ -5,6 +5,8 @@
 // be split into (more stages than layers, a tensor group wider than the KV
 // heads) are skipped and listed.
 #include "actors/cluster.hpp"
+#include "actors/run_report.hpp"
+#include "base/percentile.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
@@ -35,12 +37,6 @@ struct sweep_opts {
   std::vector<int> batches = {1};
   bool no_plots = false;
 };
-
-double pct(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
-}
 
 void progress(int done, int total, const std::string& what) {
   const int width = 30;
@@ -148,10 +144,10 @@ int do_sweep(const sweep_opts& o) {
             for (size_t i = 0; i < s.link_to.size(); ++i)
               if (s.link_to[i] >= 0) link_bytes += s.link_bytes[i];  // between nodes only
           const auto& plan = (*c)->placement();
-          const double share = std::max(0.0, 1.0 - first.compute_ms / first.result.duration_ms);
+          const double share = actors::comm_share(first);
           csv << model_name << "," << topo << "," << n << "," << plan.stages.size() << ","
               << plan.stages.front().shards.size() << "," << link << "," << batch << "," << first.result.ttft_ms
-              << "," << pct(first.result.step_ms, 0.5) << "," << pct(first.result.step_ms, 0.99) << ","
+              << "," << percentile(first.result.step_ms, 0.5) << "," << percentile(first.result.step_ms, 0.99) << ","
               << tokens / wall << "," << share << "," << static_cast<double>(link_bytes) / std::max(1, tokens)
               << "\n";
           csv.flush();
