@@ -326,7 +326,8 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 2;  // 2: fault plans in shard_spawn, daemon heartbeats
+constexpr uint32_t node_protocol_version = 3;  // 2: fault plans in shard_spawn, daemon heartbeats;
+                                               // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {

@@ -8,6 +8,7 @@
 #include "model/gguf.hpp"
 #include "model/gguf_model.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/float64_ref.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -317,99 +318,7 @@ TEST_CASE("gguf model: bad models are clear errors", "[gguf][model][errors]") {
 }
 
 namespace {
-// An independent float64 forward pass of a dense all-F32 llama GGUF file,
-// straight from the formulas (RMSNorm with the file's epsilon, RoPE on
-// adjacent pairs with the file's base, GQA attention, SwiGLU, untied
-// classifier), reading tensors by name; it shares no code with model/.
-struct dense_ref {
-  int dim, layers, heads, kv_heads, hs, hidden, vocab;
-  double eps, base;
-  std::map<std::string, std::vector<double>> t;
-  std::vector<std::vector<double>> kc, vc;
-  explicit dense_ref(const model::gguf::file& g) {
-    dim = static_cast<int>(g.get_int("llama.embedding_length").value());
-    layers = static_cast<int>(g.get_int("llama.block_count").value());
-    heads = static_cast<int>(g.get_int("llama.attention.head_count").value());
-    kv_heads = static_cast<int>(g.get_int("llama.attention.head_count_kv").value());
-    hidden = static_cast<int>(g.get_int("llama.feed_forward_length").value());
-    eps = g.get_f32("llama.attention.layer_norm_rms_epsilon").value();
-    base = g.get_f32("llama.rope.freq_base").value();
-    hs = dim / heads;
-    for (const auto& ti : g.tensors()) {
-      std::vector<double> v(ti.elements());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = test::get_le_f32(ti.data + 4 * i);
-      if (ti.name == "output.weight") vocab = static_cast<int>(ti.ne[1]);
-      t[ti.name] = std::move(v);
-    }
-    kc.resize(layers);
-    vc.resize(layers);
-  }
-  const std::vector<double>& T(const std::string& n) const { return t.at(n); }
-  static std::vector<double> mv(const std::vector<double>& W, const std::vector<double>& x, int rows) {
-    std::vector<double> out(rows, 0.0);
-    for (int r = 0; r < rows; ++r)
-      for (size_t c = 0; c < x.size(); ++c) out[r] += W[r * x.size() + c] * x[c];
-    return out;
-  }
-  std::vector<double> rms(const std::vector<double>& x, const std::vector<double>& w) const {
-    double ss = 0;
-    for (double v : x) ss += v * v;
-    const double s = 1.0 / std::sqrt(ss / x.size() + eps);
-    std::vector<double> o(x.size());
-    for (size_t i = 0; i < x.size(); ++i) o[i] = w[i] * x[i] * s;
-    return o;
-  }
-  void rope(std::vector<double>& v, int pos) const {
-    for (size_t h0 = 0; h0 < v.size(); h0 += hs)
-      for (int i = 0; i < hs / 2; ++i) {
-        double ang = pos * std::pow(base, -2.0 * i / hs);
-        if (t.count("rope_freqs.weight")) ang /= t.at("rope_freqs.weight")[i];
-        const double x0 = v[h0 + 2 * i], x1 = v[h0 + 2 * i + 1];
-        v[h0 + 2 * i] = x0 * std::cos(ang) - x1 * std::sin(ang);
-        v[h0 + 2 * i + 1] = x0 * std::sin(ang) + x1 * std::cos(ang);
-      }
-  }
-  std::vector<double> forward(int token, int pos) {
-    const auto& emb = T("token_embd.weight");
-    std::vector<double> x(emb.begin() + static_cast<size_t>(token) * dim,
-                          emb.begin() + static_cast<size_t>(token + 1) * dim);
-    const int kvd = kv_heads * hs;
-    for (int l = 0; l < layers; ++l) {
-      const std::string p = "blk." + std::to_string(l) + ".";
-      auto xb = rms(x, T(p + "attn_norm.weight"));
-      auto q = mv(T(p + "attn_q.weight"), xb, dim), k = mv(T(p + "attn_k.weight"), xb, kvd),
-           v = mv(T(p + "attn_v.weight"), xb, kvd);
-      rope(q, pos);
-      rope(k, pos);
-      kc[l].insert(kc[l].end(), k.begin(), k.end());
-      vc[l].insert(vc[l].end(), v.begin(), v.end());
-      std::vector<double> att(dim, 0.0);
-      for (int h = 0; h < heads; ++h) {
-        const int kvh = h / (heads / kv_heads);
-        std::vector<double> s(pos + 1);
-        double mx = -1e300, z = 0;
-        for (int tt = 0; tt <= pos; ++tt) {
-          double d = 0;
-          for (int i = 0; i < hs; ++i) d += q[h * hs + i] * kc[l][tt * kvd + kvh * hs + i];
-          mx = std::max(mx, s[tt] = d / std::sqrt(static_cast<double>(hs)));
-        }
-        for (double& e : s) z += (e = std::exp(e - mx));
-        for (int tt = 0; tt <= pos; ++tt)
-          for (int i = 0; i < hs; ++i) att[h * hs + i] += s[tt] / z * vc[l][tt * kvd + kvh * hs + i];
-      }
-      auto o = mv(T(p + "attn_output.weight"), att, dim);
-      for (int i = 0; i < dim; ++i) x[i] += o[i];
-      xb = rms(x, T(p + "ffn_norm.weight"));
-      auto a = mv(T(p + "ffn_gate.weight"), xb, hidden), b = mv(T(p + "ffn_up.weight"), xb, hidden);
-      for (int i = 0; i < hidden; ++i) a[i] = a[i] / (1.0 + std::exp(-a[i])) * b[i];
-      auto y = mv(T(p + "ffn_down.weight"), a, dim);
-      for (int i = 0; i < dim; ++i) x[i] += y[i];
-    }
-    return mv(T("output.weight"), rms(x, T("output_norm.weight")), vocab);
-  }
-};
-
-// The engine's logits on `backends` follow dense_ref's float64 pass over the
+// The engine's logits on `backends` follow the float64 pass (tests/model/float64_ref.hpp) over the
 // same file bytes for `ids` (max error at most 1e-4 of the largest logit).
 void check_against_float64(const std::vector<uint8_t>& bytes, const std::vector<int>& ids,
                            std::initializer_list<const char*> backends) {
@@ -417,7 +326,7 @@ void check_against_float64(const std::vector<uint8_t>& bytes, const std::vector<
   REQUIRE(f.ok());
   auto g = model::gguf::file::from_bytes(bytes, "edited.gguf");
   REQUIRE(g.ok());
-  dense_ref ref(**g);
+  test::float64_ref ref(**g);
   std::vector<std::vector<double>> want;
   for (size_t p = 0; p < ids.size(); ++p) want.push_back(ref.forward(ids[p], static_cast<int>(p)));
   for (const char* be : backends) {

@@ -12,6 +12,7 @@
 #include "model/moe.hpp"
 #include "model/synth.hpp"
 #include "model/transformer.hpp"
+#include "tests/model/float64_ref.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -57,159 +58,8 @@ std::vector<int> greedy(std::shared_ptr<const model::model_file> f, std::vector<
   return gen;
 }
 
-// ---------------------------------------------------------------------------
-// An independent float64 forward pass over an all-F32 GGUF file, straight
-// from the formulas (Llama: RMSNorm, RoPE, GQA attention, SwiGLU; Mixtral
-// routing: softmax, top-k, renormalise; qwen2moe: Q/K/V biases, NEOX RoPE on
-// the file's own row order, a sigmoid-gated shared expert, no renormalise).
-// It reads the tensors by name and shares no code with model/.
-struct ref_forward {
-  const model::gguf::file& g;
-  bool qwen = false;
-  int dim = 0, layers = 0, heads = 0, kv_heads = 0, hs = 0, vocab = 0, E = 0, K = 0;
-  int hidden = 0, shared = 0;
-  std::map<std::string, std::vector<double>> t;
-  std::vector<std::vector<double>> kc, vc;  // per layer: [pos][kv_heads * hs]
-
-  explicit ref_forward(const model::gguf::file& file) : g(file) {
-    const std::string arch = g.get_string("general.architecture").value(), a = arch + ".";
-    qwen = arch == "qwen2moe";
-    dim = static_cast<int>(g.get_int(a + "embedding_length").value());
-    layers = static_cast<int>(g.get_int(a + "block_count").value());
-    heads = static_cast<int>(g.get_int(a + "attention.head_count").value());
-    kv_heads = static_cast<int>(g.get_int(a + "attention.head_count_kv").value());
-    hs = dim / heads;
-    E = static_cast<int>(g.get_int(a + "expert_count").value());
-    K = static_cast<int>(g.get_int(a + "expert_used_count").value());
-    for (const auto& ti : g.tensors()) {
-      std::vector<double> v(ti.elements());
-      for (size_t i = 0; i < v.size(); ++i) v[i] = test::get_le_f32(ti.data + 4 * i);
-      t[ti.name] = std::move(v);
-      if (ti.name == "token_embd.weight") vocab = static_cast<int>(ti.ne[1]);
-      if (ti.name == "blk.0.ffn_gate_exps.weight") hidden = static_cast<int>(ti.ne[1]);
-      if (ti.name == "blk.0.ffn_gate_shexp.weight") shared = static_cast<int>(ti.ne[1]);
-    }
-    kc.resize(layers);
-    vc.resize(layers);
-  }
-  const std::vector<double>& T(const std::string& n) const {
-    auto it = t.find(n);
-    REQUIRE(it != t.end());
-    return it->second;
-  }
-  // out[r] = sum_c W[r * cols + c] x[c], W starting at element `off`.
-  static std::vector<double> mv(const std::vector<double>& W, size_t off, const std::vector<double>& x,
-                                int rows) {
-    const size_t cols = x.size();
-    std::vector<double> out(rows, 0.0);
-    for (int r = 0; r < rows; ++r)
-      for (size_t c = 0; c < cols; ++c) out[r] += W[off + r * cols + c] * x[c];
-    return out;
-  }
-  static std::vector<double> rms(const std::vector<double>& x, const std::vector<double>& w) {
-    double ss = 0;
-    for (double v : x) ss += v * v;
-    const double s = 1.0 / std::sqrt(ss / x.size() + 1e-5);
-    std::vector<double> o(x.size());
-    for (size_t i = 0; i < x.size(); ++i) o[i] = w[i] * x[i] * s;
-    return o;
-  }
-  void rope(std::vector<double>& v, int pos) const {
-    for (size_t h0 = 0; h0 < v.size(); h0 += hs)
-      for (int i = 0; i < hs / 2; ++i) {
-        const double ang = pos * std::pow(10000.0, -2.0 * i / hs);
-        // llama (converted files): pairs (2i, 2i+1); NEOX: pairs (i, i + hs/2).
-        const size_t a = h0 + (qwen ? i : 2 * i), b = h0 + (qwen ? i + hs / 2 : 2 * i + 1);
-        const double x0 = v[a], x1 = v[b];
-        v[a] = x0 * std::cos(ang) - x1 * std::sin(ang);
-        v[b] = x0 * std::sin(ang) + x1 * std::cos(ang);
-      }
-  }
-  static double silu(double v) { return v / (1.0 + std::exp(-v)); }
-  std::vector<double> ffn(const std::vector<double>& W1, const std::vector<double>& W3,
-                          const std::vector<double>& W2, size_t off13, size_t off2, int units,
-                          const std::vector<double>& x) const {
-    auto a = mv(W1, off13, x, units), b = mv(W3, off13, x, units);
-    for (int i = 0; i < units; ++i) a[i] = silu(a[i]) * b[i];
-    return mv(W2, off2, a, dim);
-  }
-  // The MoE block of layer l on the normalised input xb.
-  std::vector<double> moe(int l, const std::vector<double>& xb) const {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    auto logits = mv(T(p + "ffn_gate_inp.weight"), 0, xb, E);
-    const double mx = *std::max_element(logits.begin(), logits.end());
-    double z = 0;
-    for (double& v : logits) z += (v = std::exp(v - mx));
-    for (double& v : logits) v /= z;
-    std::vector<int> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-    double wsum = 0;
-    for (int i = 0; i < K; ++i) wsum += logits[order[i]];
-    std::vector<double> out(dim, 0.0);
-    const size_t m13 = static_cast<size_t>(hidden) * dim, m2 = m13;
-    for (int i = 0; i < K; ++i) {
-      const int e = order[i];
-      const double wgt = qwen ? logits[e] : logits[e] / wsum;
-      auto y = ffn(T(p + "ffn_gate_exps.weight"), T(p + "ffn_up_exps.weight"),
-                   T(p + "ffn_down_exps.weight"), e * m13, e * m2, hidden, xb);
-      for (int j = 0; j < dim; ++j) out[j] += wgt * y[j];
-    }
-    if (qwen) {
-      const double gl = mv(T(p + "ffn_gate_inp_shexp.weight"), 0, xb, 1)[0];
-      const double gate = 1.0 / (1.0 + std::exp(-gl));
-      auto y = ffn(T(p + "ffn_gate_shexp.weight"), T(p + "ffn_up_shexp.weight"),
-                   T(p + "ffn_down_shexp.weight"), 0, 0, shared, xb);
-      for (int j = 0; j < dim; ++j) out[j] += gate * y[j];
-    }
-    return out;
-  }
-  std::vector<double> forward(int token, int pos) {
-    const auto& emb = T("token_embd.weight");
-    std::vector<double> x(emb.begin() + static_cast<size_t>(token) * dim,
-                          emb.begin() + static_cast<size_t>(token + 1) * dim);
-    const int kvd = kv_heads * hs;
-    for (int l = 0; l < layers; ++l) {
-      const std::string p = "blk." + std::to_string(l) + ".";
-      auto xb = rms(x, T(p + "attn_norm.weight"));
-      auto q = mv(T(p + "attn_q.weight"), 0, xb, dim);
-      auto k = mv(T(p + "attn_k.weight"), 0, xb, kvd);
-      auto v = mv(T(p + "attn_v.weight"), 0, xb, kvd);
-      if (qwen) {
-        for (int i = 0; i < dim; ++i) q[i] += T(p + "attn_q.bias")[i];
-        for (int i = 0; i < kvd; ++i) k[i] += T(p + "attn_k.bias")[i];
-        for (int i = 0; i < kvd; ++i) v[i] += T(p + "attn_v.bias")[i];
-      }
-      rope(q, pos);
-      rope(k, pos);
-      kc[l].insert(kc[l].end(), k.begin(), k.end());
-      vc[l].insert(vc[l].end(), v.begin(), v.end());
-      std::vector<double> att(dim, 0.0);
-      for (int h = 0; h < heads; ++h) {
-        const int kvh = h / (heads / kv_heads);
-        std::vector<double> s(pos + 1);
-        double mx = -1e300;
-        for (int tt = 0; tt <= pos; ++tt) {
-          double d = 0;
-          for (int i = 0; i < hs; ++i) d += q[h * hs + i] * kc[l][tt * kvd + kvh * hs + i];
-          s[tt] = d / std::sqrt(static_cast<double>(hs));
-          mx = std::max(mx, s[tt]);
-        }
-        double z = 0;
-        for (double& e : s) z += (e = std::exp(e - mx));
-        for (int tt = 0; tt <= pos; ++tt)
-          for (int i = 0; i < hs; ++i) att[h * hs + i] += s[tt] / z * vc[l][tt * kvd + kvh * hs + i];
-      }
-      auto o = mv(T(p + "attn_output.weight"), 0, att, dim);
-      for (int i = 0; i < dim; ++i) x[i] += o[i];
-      auto ff = moe(l, rms(x, T(p + "ffn_norm.weight")));
-      for (int i = 0; i < dim; ++i) x[i] += ff[i];
-    }
-    auto xf = rms(x, T("output_norm.weight"));
-    const bool tied = g.find_tensor("output.weight") == nullptr;
-    return mv(T(tied ? "token_embd.weight" : "output.weight"), 0, xf, vocab);
-  }
-};
+// The float64 pass of tests/model/float64_ref.hpp (no code shared with model/).
+using ref_forward = test::float64_ref;
 
 std::vector<int> ref_greedy(const model::gguf::file& g, std::vector<int> ids, int n,
                             std::vector<std::vector<double>>* logits = nullptr) {
