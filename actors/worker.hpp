@@ -22,7 +22,8 @@
 // the process's niceness (Linux per-thread nice, setpriority on its tid;
 // ignored elsewhere), so that under contention the scheduler threads that
 // carry heartbeats win the CPU over kernels (measured: docs/reliability.md).
-// kern's in-matvec pool (issue #18) runs inside such a job when it lands.
+// A job may spread one matvec over the node's kernels::pool (--threads, issue
+// #18): the job's thread is one of the pool's participants.
 //
 // Thread safety: post() may be called from any thread; the destructor must
 // not run on the worker thread itself.
