@@ -71,9 +71,31 @@ uint64_t matrix::bytes() const {
   return static_cast<uint64_t>(rows) * cols * sizeof(float);
 }
 
+namespace {
+
+// q8_0/q4_0 matrices quantized at load (--weights) have the GGUF types' block
+// layouts, so under ggml precision they go through the typed slot, which is
+// the one that carries the mode (the q8/q4 slots always multiply exactly).
+bool ggml_quant(const kernels::backend& be, const matrix& m, kernels::matmul_mode mode) {
+  return mode == kernels::matmul_mode::ggml && (m.q8 || m.q4) && be.matvec_typed &&
+         m.cols % kernels::q8_block_size == 0;
+}
+const uint8_t* quant_data(const matrix& m) {
+  return m.q8 ? reinterpret_cast<const uint8_t*>(m.q8) : reinterpret_cast<const uint8_t*>(m.q4);
+}
+kernels::dtype quant_type(const matrix& m) { return m.q8 ? kernels::dtype::q8_0 : kernels::dtype::q4_0; }
+std::size_t quant_stride(const matrix& m) {
+  return static_cast<std::size_t>(kernels::q8_blocks_per_row(m.cols)) *
+         (m.q8 ? sizeof(kernels::q8_block) : sizeof(kernels::q4_block));
+}
+
+}  // namespace
+
 void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x,
             kernels::matmul_mode mode) {
   if (m.data) be.matvec_typed(out, m.data, m.type, m.stride, x, m.rows, m.cols, mode);
+  else if (ggml_quant(be, m, mode))
+    be.matvec_typed(out, quant_data(m), quant_type(m), quant_stride(m), x, m.rows, m.cols, mode);
   else if (m.q8) be.matvec_q8(out, m.q8, x, m.rows, m.cols);
   else if (m.q4) (be.matvec_q4 ? be.matvec_q4 : kernels::ref::matvec_q4)(out, m.q4, x, m.rows, m.cols);
   else be.matvec(out, m.f32, x, m.rows, m.cols, m.ld);
@@ -83,6 +105,12 @@ void matmul(const kernels::backend& be, float* out, int ldo, const matrix& m, co
             int ldx, int n, kernels::matmul_mode mode) {
   if (m.data && be.matmul_typed) {
     be.matmul_typed(out, ldo, m.data, m.type, m.stride, X, ldx, n, m.rows, m.cols, mode);
+  } else if (ggml_quant(be, m, mode) && be.matmul_typed) {
+    be.matmul_typed(out, ldo, quant_data(m), quant_type(m), quant_stride(m), X, ldx, n, m.rows, m.cols,
+                    mode);
+  } else if (ggml_quant(be, m, mode)) {
+    for (int j = 0; j < n; ++j)
+      matvec(be, out + static_cast<size_t>(j) * ldo, m, X + static_cast<size_t>(j) * ldx, mode);
   } else if (m.q8 && be.matmul_q8) {
     be.matmul_q8(out, ldo, m.q8, X, ldx, n, m.rows, m.cols);
   } else if (m.q4 && be.matmul_q4 && be.matvec_q4) {

@@ -2,6 +2,8 @@
 // its validation, q8 shard slicing, the teacher-forced agreement of q8_0
 // logits with f32 on a fixture sequence, and `cellshard quantize` + `run`.
 #include "kernels/backend.hpp"
+#include "kernels/reference.hpp"
+#include "kernels/types.hpp"
 #include "model/checkpoint.hpp"
 #include "model/quant.hpp"
 #include "model/synth.hpp"
@@ -280,6 +282,56 @@ TEST_CASE("q8_0 shards of a quantized file: views, slices and bytes", "[quant][t
   float scale = 0;
   for (int i = 0; i < 64; ++i) scale = std::max(scale, std::fabs(pw[i]));
   for (int i = 0; i < 64; ++i) CHECK(pa[i] + pb[i] == Approx(pw[i]).margin(0.02 * scale));
+}
+
+TEST_CASE("q8_0/q4_0 quantized at load under --matmul ggml take the typed slot's ggml products",
+          "[quant][transformer]") {
+  // model::matvec/matmul with m.q8 / m.q4 and mode ggml must be the
+  // backend's typed q8_0/q4_0 product in ggml precision (activations rounded
+  // to q8_0 blocks), and mode exact the q8/q4 slots, on every backend that
+  // has a typed slot.
+  const int rows = 7, cols = 96, nb = cols / 32, n = 3;
+  std::vector<float> w(static_cast<size_t>(rows) * cols), X(static_cast<size_t>(n) * cols);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.37f * static_cast<float>(i)) * 1.5f;
+  for (size_t i = 0; i < X.size(); ++i) X[i] = std::cos(0.11f * static_cast<float>(i) + 0.3f);
+  std::vector<q8_block> q8(static_cast<size_t>(rows) * nb);
+  std::vector<kernels::q4_block> q4(static_cast<size_t>(rows) * nb);
+  for (int r = 0; r < rows; ++r) {
+    kernels::quantize_row_q8(&w[static_cast<size_t>(r) * cols], &q8[static_cast<size_t>(r) * nb], cols);
+    kernels::quantize_row_q4(&w[static_cast<size_t>(r) * cols], &q4[static_cast<size_t>(r) * nb], cols);
+  }
+  for (const char* name : {"reference", "native"}) {
+    const kernels::backend* be = kernels::find_backend(name);
+    REQUIRE(be != nullptr);
+    REQUIRE(be->matvec_typed);
+    INFO(name);
+    for (int fmt = 0; fmt < 2; ++fmt) {
+      model::matrix m;
+      m.rows = rows;
+      m.cols = cols;
+      if (fmt == 0) m.q8 = q8.data();
+      else m.q4 = q4.data();
+      const void* data = fmt == 0 ? static_cast<const void*>(q8.data()) : static_cast<const void*>(q4.data());
+      const auto t = fmt == 0 ? kernels::dtype::q8_0 : kernels::dtype::q4_0;
+      const size_t stride = nb * (fmt == 0 ? sizeof(q8_block) : sizeof(kernels::q4_block));
+      std::vector<float> got(rows), want(rows), ex(rows);
+      model::matvec(*be, got.data(), m, X.data(), kernels::matmul_mode::ggml);
+      be->matvec_typed(want.data(), data, t, stride, X.data(), rows, cols, kernels::matmul_mode::ggml);
+      CHECK(got == want);
+      model::matvec(*be, ex.data(), m, X.data(), kernels::matmul_mode::exact);
+      if (fmt == 0) be->matvec_q8(want.data(), q8.data(), X.data(), rows, cols);
+      else (be->matvec_q4 ? be->matvec_q4 : kernels::ref::matvec_q4)(want.data(), q4.data(), X.data(), rows, cols);
+      CHECK(ex == want);
+      CHECK(ex != got);  // the rounded activations are visible
+      // A batch of n vectors: each the single-vector ggml product.
+      std::vector<float> batch(static_cast<size_t>(n) * rows);
+      model::matmul(*be, batch.data(), rows, m, X.data(), cols, n, kernels::matmul_mode::ggml);
+      for (int j = 0; j < n; ++j) {
+        model::matvec(*be, got.data(), m, X.data() + static_cast<size_t>(j) * cols, kernels::matmul_mode::ggml);
+        CHECK(std::vector<float>(batch.begin() + j * rows, batch.begin() + (j + 1) * rows) == got);
+      }
+    }
+  }
 }
 
 TEST_CASE("q8_0 teacher-forced on a fixture: argmax agrees with f32 at >= 95% of positions",
