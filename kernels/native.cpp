@@ -28,6 +28,8 @@
 #endif
 #define CS_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define CS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define CS_VNNI                                                                                  \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c")))
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #define CS_NEON 1
@@ -456,6 +458,206 @@ CS_AVX512 void quant_q8_avx512(float* out, const B* W, std::size_t stride, const
       a0 = _mm512_fmadd_ps(s, p, a0);
     }
     out[r] = hsum512(_mm512_add_ps(a0, a1));
+  }
+}
+
+// x quantized to q8 blocks (quantize_activations_q8's rule) 16 lanes at a
+// time: the same amax (max of |x| is order-free), the same products x * id
+// in f32, rounded half-even by vcvtps2dq under the default MXCSR as
+// nearbyintf rounds; lanes past `cols` load as zero and give 0.
+CS_AVX512 void quantize_x_avx512(const float* x, q8_block* out, int cols) {
+  const int nb = q8_blocks_per_row(cols);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int b = 0; b < nb; ++b) {
+    const int base = b * q8_block_size, n = std::min(q8_block_size, cols - base);
+    const __mmask16 m0 = n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1u);
+    const __mmask16 m1 = n >= 32 ? 0xffff : n > 16 ? static_cast<__mmask16>((1u << (n - 16)) - 1u) : 0;
+    const __m512 v0 = _mm512_maskz_loadu_ps(m0, x + base), v1 = _mm512_maskz_loadu_ps(m1, x + base + 16);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    out[b].d = fp32_to_fp16(amax / 127.0f);
+    const __m512 vid = _mm512_set1_ps(id);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, vid))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].qs + 16),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, vid))));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// AVX-512 VNNI + VBMI level (ggml precision of q8_0/q4_0; everything else as
+// AVX-512). vpdpbusd multiplies unsigned bytes by signed bytes and adds each
+// group of 4 products to an int32 lane, so:
+// - q4_0: the nibbles n (0..15) are the unsigned side and x the signed one;
+//   (n - 8) . x = n . x - 8 * sum(x), and the -8 * sum(x) of each lane's 8
+//   bytes is the accumulator's starting value (computed once per call).
+// - q8_0: x + 128 (0..255) is the unsigned side and w the signed one;
+//   w . x = w . (x + 128) - 128 * sum(w), the second term one more vpdpbusd.
+// Both give each block's integer dot product exactly (split over lanes), so
+// the results are ggml's integers; lanes go to f32 and are scaled by
+// d_w * d_x per block. Blocks are gathered from their 18- or 34-byte records
+// with VBMI byte permutes (vpermt2b over two overlapping 64-byte loads, so
+// nothing past a row's last block is read): 4 q4 blocks or 2 q8 blocks per
+// 512-bit register, their scales with one vpermb.
+
+// The activations rearranged for one call (thread-local, cheap: cols/32
+// blocks against rows * cols/32 weight blocks).
+struct vnni_x {
+  std::vector<float> dx;         // block scales as f32
+  std::vector<uint8_t> a, b;     // q4: low/high 16 bytes of 4 blocks per 64; q8: x + 128
+  std::vector<int32_t> corr;     // q4: -8 * (sum of each lane's 8 bytes of x), 16 per group
+};
+
+vnni_x& vnni_scratch() {
+  thread_local vnni_x v;
+  return v;
+}
+
+CS_VNNI void prepare_q4_x(vnni_x& v, const q8_block* xq, int nb) {
+  const int ng = nb / 4;
+  v.dx.resize(nb);
+  for (int i = 0; i < nb; ++i) v.dx[i] = _cvtsh_ss(xq[i].d);
+  v.a.resize(static_cast<std::size_t>(ng) * 64);
+  v.b.resize(static_cast<std::size_t>(ng) * 64);
+  v.corr.resize(static_cast<std::size_t>(ng) * 16);
+  const __m512i eight = _mm512_set1_epi8(8);
+  for (int g = 0; g < ng; ++g) {
+    for (int k = 0; k < 4; ++k) {
+      const int8_t* q = xq[4 * g + k].qs;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(&v.a[g * 64 + 16 * k]),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(&v.b[g * 64 + 16 * k]),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+    }
+    __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, _mm512_loadu_si512(&v.a[g * 64]));
+    c = _mm512_dpbusd_epi32(c, eight, _mm512_loadu_si512(&v.b[g * 64]));
+    _mm512_storeu_si512(&v.corr[g * 16], _mm512_sub_epi32(_mm512_setzero_si512(), c));
+  }
+}
+
+CS_VNNI void prepare_q8_x(vnni_x& v, const q8_block* xq, int nb) {
+  v.dx.resize(nb);
+  v.a.resize(static_cast<std::size_t>(nb) * 32);
+  const __m256i c80 = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int i = 0; i < nb; ++i) {
+    v.dx[i] = _cvtsh_ss(xq[i].d);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&v.a[i * 32]),
+                        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i].qs)), c80));
+  }
+}
+
+// Byte indices for vpermt2b over (A = bytes [0, 64) of a group, B = bytes
+// [off, off + 64)): payload bytes of `n` records of `rec` bytes (2-byte scale
+// first), and the scales' bytes.
+struct gather_idx {
+  alignas(64) uint8_t qs[64];
+  alignas(64) uint8_t d[64];
+  gather_idx(int rec, int n, int off) {
+    const int payload = rec - 2;
+    for (int k = 0; k < n; ++k)
+      for (int i = 0; i < payload; ++i) {
+        const int pos = rec * k + 2 + i;
+        qs[payload * k + i] = static_cast<uint8_t>(pos < 64 ? pos : 64 | (pos - off));
+      }
+    for (int i = 0; i < 64; ++i) d[i] = 0;
+    for (int k = 0; k < n; ++k) {
+      d[2 * k] = static_cast<uint8_t>(rec * k);
+      d[2 * k + 1] = static_cast<uint8_t>(rec * k + 1);
+    }
+  }
+};
+const gather_idx& q4_gather() {
+  static const gather_idx g(18, 4, 8);  // 4 blocks = 72 bytes: A at 0, B at 8
+  return g;
+}
+const gather_idx& q8_gather() {
+  static const gather_idx g(34, 2, 4);  // 2 blocks = 68 bytes: A at 0, B at 4
+  return g;
+}
+
+// One block's integer dot as 8 int32 lanes (a row's last blocks).
+CS_VNNI inline __m256i q4_tail_vnni(const q4_block& w, const q8_block& y) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m256i n = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
+  const __m256i corr = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), x);
+  return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), n, x), corr);
+}
+CS_VNNI inline __m256i q8_tail_vnni(const q8_block& w, const uint8_t* u) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
+  const __m256i corr = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), q);
+  return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), x, q), corr);
+}
+
+CS_VNNI void q4_q8_vnni(float* out, const q4_block* W, std::size_t stride, const q8_block* xq, int r0,
+                        int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols), ng = nb / 4;
+  vnni_x& v = vnni_scratch();
+  prepare_q4_x(v, xq, nb);
+  const gather_idx& gi = q4_gather();
+  const __m512i iq = _mm512_load_si512(gi.qs), id = _mm512_load_si512(gi.d);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  for (int r = r0; r < r1; ++r) {
+    const q4_block* row = reinterpret_cast<const q4_block*>(reinterpret_cast<const char*>(W) + r * stride);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int g = 0; g < ng; ++g) {
+      const char* p = reinterpret_cast<const char*>(row + 4 * g);
+      const __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 8);
+      const __m512i q = _mm512_permutex2var_epi8(A, iq, B);
+      const __m128 dw = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi8(id, A)));
+      const __m128 s4 = _mm_mul_ps(dw, _mm_loadu_ps(&v.dx[4 * g]));
+      const __m512 s = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s4));
+      __m512i acc = _mm512_loadu_si512(&v.corr[16 * g]);
+      acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(q, m4), _mm512_loadu_si512(&v.a[64 * g]));
+      acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
+                                _mm512_loadu_si512(&v.b[64 * g]));
+      if (g % 2 == 0) a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), s, a0);
+      else a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), s, a1);
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (int b = 4 * ng; b < nb; ++b)
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_tail_vnni(row[b], xq[b])),
+                          _mm256_set1_ps(_cvtsh_ss(row[b].d) * v.dx[b]), t);
+    out[r] = hsum512(_mm512_add_ps(a0, a1)) + hsum256(t);
+  }
+}
+
+CS_VNNI void q8_q8_vnni(float* out, const q8_block* W, std::size_t stride, const q8_block* xq, int r0,
+                        int r1, int cols) {
+  const int nb = q8_blocks_per_row(cols), np = nb / 2;
+  vnni_x& v = vnni_scratch();
+  prepare_q8_x(v, xq, nb);
+  const gather_idx& gi = q8_gather();
+  const __m512i iq = _mm512_load_si512(gi.qs), id = _mm512_load_si512(gi.d);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int r = r0; r < r1; ++r) {
+    const q8_block* row = reinterpret_cast<const q8_block*>(reinterpret_cast<const char*>(W) + r * stride);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int pr = 0; pr < np; ++pr) {
+      const char* p = reinterpret_cast<const char*>(row + 2 * pr);
+      const __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 4);
+      const __m512i q = _mm512_permutex2var_epi8(A, iq, B);
+      const __m128 dw = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi8(id, A)));
+      const __m128 s2 = _mm_mul_ps(dw, _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(&v.dx[2 * pr]))));
+      const __m512 s = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s2));
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(&v.a[64 * pr]), q);
+      const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, q);
+      const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, corr));
+      if (pr % 2 == 0) a0 = _mm512_fmadd_ps(f, s, a0);
+      else a1 = _mm512_fmadd_ps(f, s, a1);
+    }
+    __m256 t = _mm256_setzero_ps();
+    if (2 * np < nb) {
+      const int b = nb - 1;
+      t = _mm256_mul_ps(_mm256_cvtepi32_ps(q8_tail_vnni(row[b], &v.a[32 * b])),
+                        _mm256_set1_ps(_cvtsh_ss(row[b].d) * v.dx[b]));
+    }
+    out[r] = hsum512(_mm512_add_ps(a0, a1)) + hsum256(t);
   }
 }
 
@@ -1025,8 +1227,11 @@ isa detect() {
   const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && ((ecx >> 29) & 1u);
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi"))
+      return isa::avx512vnni;
     return isa::avx512;
+  }
   if (avx2) return isa::avx2;
   return isa::portable;
 #elif CS_NEON
@@ -1042,11 +1247,20 @@ std::atomic<isa>& active() {
 }
 std::atomic<precision> g_precision{precision::exact};
 
+// The level whose kernels run everything but the VNNI ones: AVX-512 VNNI
+// adds integer q8_0/q4_0 kernels to the AVX-512 level.
+isa simd_level() {
+  const isa i = active().load(std::memory_order_relaxed);
+  return i == isa::avx512vnni ? isa::avx512 : i;
+}
+
 bool supported(isa i) {
   switch (i) {
     case isa::portable: return true;
-    case isa::avx2: return best_isa() == isa::avx2 || best_isa() == isa::avx512;
-    case isa::avx512: return best_isa() == isa::avx512;
+    case isa::avx2:
+      return best_isa() == isa::avx2 || best_isa() == isa::avx512 || best_isa() == isa::avx512vnni;
+    case isa::avx512: return best_isa() == isa::avx512 || best_isa() == isa::avx512vnni;
+    case isa::avx512vnni: return best_isa() == isa::avx512vnni;
     case isa::neon: return best_isa() == isa::neon;
   }
   return false;
@@ -1086,6 +1300,9 @@ std::vector<q8_block>& xq_scratch(int cols) {
 }  // namespace
 
 void quantize_activations_q8(const float* x, q8_block* out, int cols) {
+#if CS_X86
+  if (simd_level() == isa::avx512) return quantize_x_avx512(x, out, cols);
+#endif
   const int nb = q8_blocks_per_row(cols);
   for (int b = 0; b < nb; ++b) {
     const int base = b * q8_block_size;
@@ -1105,7 +1322,7 @@ bool use_integer_path() { return g_precision.load(std::memory_order_relaxed) != 
 
 template <class B>
 void rows_exact(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
-  switch (active_isa()) {
+  switch (simd_level()) {
 #if CS_X86
     case isa::avx512: return quant_avx512(out, W, stride, x, r0, r1, cols);
     case isa::avx2: return quant_avx2(out, W, stride, x, r0, r1, cols);
@@ -1115,7 +1332,13 @@ void rows_exact(float* out, const B* W, std::size_t stride, const float* x, int 
 }
 template <class B>
 void rows_int(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1, int cols) {
-  switch (active_isa()) {
+#if CS_X86
+  if (active_isa() == isa::avx512vnni) {
+    if constexpr (std::is_same_v<B, q8_block>) return q8_q8_vnni(out, W, stride, xq, r0, r1, cols);
+    else return q4_q8_vnni(out, W, stride, xq, r0, r1, cols);
+  }
+#endif
+  switch (simd_level()) {
 #if CS_X86
     case isa::avx512: return quant_q8_avx512(out, W, stride, xq, r0, r1, cols);
     case isa::avx2: return quant_q8_avx2(out, W, stride, xq, r0, r1, cols);
@@ -1166,7 +1389,7 @@ void quant_matvec(float* out, const B* W, const float* x, int rows, int cols) {
 void typed_rows(float* out, const uint8_t* W, dtype t, std::size_t stride, const float* x, int rows,
                 int cols, matmul_mode mode) {
 #if CS_X86
-  const isa lv = active_isa();
+  const isa lv = simd_level();
   if ((lv == isa::avx2 || lv == isa::avx512) && rows > 0) {
     const bool ggml = mode == matmul_mode::ggml;
     thread_local std::vector<float> xr;
@@ -1221,6 +1444,7 @@ const char* to_string(isa i) {
     case isa::portable: return "portable";
     case isa::avx2: return "avx2";
     case isa::avx512: return "avx512";
+    case isa::avx512vnni: return "avx512vnni";
     case isa::neon: return "neon";
   }
   return "?";
@@ -1257,7 +1481,7 @@ void set_precision(precision p) { g_precision.store(p, std::memory_order_relaxed
 
 void matvec_f32_rows(float* out, const float* W, const float* x, int r0, int r1, int cols,
                      int ld) {
-  switch (active_isa()) {
+  switch (simd_level()) {
 #if CS_X86
     case isa::avx512: return f32_avx512(out, W, x, r0, r1, cols, ld);
     case isa::avx2: return f32_avx2(out, W, x, r0, r1, cols, ld);
@@ -1270,49 +1494,21 @@ void matvec_f32_rows(float* out, const float* W, const float* x, int r0, int r1,
 }
 
 void matvec_q8_rows(float* out, const q8_block* W, const float* x, int r0, int r1, int cols) {
-  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q8_block);
-  switch (active_isa()) {
-#if CS_X86
-    case isa::avx512: return quant_avx512(out, W, stride, x, r0, r1, cols);
-    case isa::avx2: return quant_avx2(out, W, stride, x, r0, r1, cols);
-#endif
-    default: return quant_portable(out, W, stride, x, r0, r1, cols);
-  }
+  rows_exact(out, W, q8_blocks_per_row(cols) * sizeof(q8_block), x, r0, r1, cols);
 }
 
 void matvec_q4_rows(float* out, const q4_block* W, const float* x, int r0, int r1, int cols) {
-  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q4_block);
-  switch (active_isa()) {
-#if CS_X86
-    case isa::avx512: return quant_avx512(out, W, stride, x, r0, r1, cols);
-    case isa::avx2: return quant_avx2(out, W, stride, x, r0, r1, cols);
-#endif
-    default: return quant_portable(out, W, stride, x, r0, r1, cols);
-  }
+  rows_exact(out, W, q8_blocks_per_row(cols) * sizeof(q4_block), x, r0, r1, cols);
 }
 
 void matvec_q8_q8_rows(float* out, const q8_block* W, const q8_block* xq, int r0, int r1,
                        int cols) {
-  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q8_block);
-  switch (active_isa()) {
-#if CS_X86
-    case isa::avx512: return quant_q8_avx512(out, W, stride, xq, r0, r1, cols);
-    case isa::avx2: return quant_q8_avx2(out, W, stride, xq, r0, r1, cols);
-#endif
-    default: return quant_q8_portable(out, W, stride, xq, r0, r1, cols);
-  }
+  rows_int(out, W, q8_blocks_per_row(cols) * sizeof(q8_block), xq, r0, r1, cols);
 }
 
 void matvec_q4_q8_rows(float* out, const q4_block* W, const q8_block* xq, int r0, int r1,
                        int cols) {
-  const std::size_t stride = q8_blocks_per_row(cols) * sizeof(q4_block);
-  switch (active_isa()) {
-#if CS_X86
-    case isa::avx512: return quant_q8_avx512(out, W, stride, xq, r0, r1, cols);
-    case isa::avx2: return quant_q8_avx2(out, W, stride, xq, r0, r1, cols);
-#endif
-    default: return quant_q8_portable(out, W, stride, xq, r0, r1, cols);
-  }
+  rows_int(out, W, q8_blocks_per_row(cols) * sizeof(q4_block), xq, r0, r1, cols);
 }
 
 void matvec_f32(float* out, const float* W, const float* x, int rows, int cols, int ld) {
@@ -1353,7 +1549,7 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
                int n_heads, int kv_mul, int head_size, int kv_stride, int pos) {
   dot_fn dot = dot_portable;
   axpy_fn axpy = axpy_portable;
-  switch (active_isa()) {
+  switch (simd_level()) {
 #if CS_X86
     case isa::avx512: dot = dot_avx512; axpy = axpy_avx512; break;
     case isa::avx2: dot = dot_avx2; axpy = axpy_avx2; break;
@@ -1492,7 +1688,7 @@ void quant_matmul(float* out, int ldo, const B* W, std::size_t stride, const flo
     return;
   }
   auto k = [&](int b, int e) {
-    switch (active_isa()) {
+    switch (simd_level()) {
 #if CS_X86
       case isa::avx512:
         return tiled_mx<4>(quant_avx512_k<B>{W, stride, cols}, out, ldo, X, ldx, n, b, e, stride);
@@ -1514,7 +1710,7 @@ void matmul_f32(float* out, int ldo, const float* W, const float* X, int ldx, in
                 int cols, int ld) {
   const std::size_t row_bytes = static_cast<std::size_t>(cols) * sizeof(float);
   auto k = [&](int b, int e) {
-    switch (active_isa()) {
+    switch (simd_level()) {
 #if CS_X86
       case isa::avx512:
         return tiled_mx<4>(f32_avx512_k{W, ld, cols}, out, ldo, X, ldx, n, b, e, row_bytes);

@@ -43,8 +43,12 @@ const backend& native_backend();
 
 namespace native {
 
-enum class isa { portable, avx2, avx512, neon };
+/// avx512vnni: the AVX-512 level plus integer q8_0/q4_0 kernels for ggml
+/// precision (AVX512-VNNI vpdpbusd, AVX512-VBMI byte permutes).
+enum class isa { portable, avx2, avx512, avx512vnni, neon };
 const char* to_string(isa i);
+/// Every level, in order (for tests: set_isa() says which this CPU runs).
+inline constexpr isa all_isas[] = {isa::portable, isa::avx2, isa::avx512, isa::avx512vnni, isa::neon};
 /// The best level this CPU and build support.
 isa best_isa();
 /// The level in use (best_isa() unless set_isa() chose another).

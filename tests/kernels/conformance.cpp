@@ -90,8 +90,7 @@ void for_each_subject(F&& f) {
   }
   // native under every instruction-set level this CPU has (portable always).
   const native::isa best = native::best_isa();
-  for (native::isa i : {native::isa::portable, native::isa::avx2, native::isa::avx512,
-                        native::isa::neon}) {
+  for (native::isa i : native::all_isas) {
     if (!native::set_isa(i)) continue;
     f(subject{std::string("native [") + native::to_string(i) + "]", &native_backend(), bound_f32,
               true});

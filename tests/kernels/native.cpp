@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -26,8 +27,7 @@ namespace {
 std::vector<native::isa> levels() {
   std::vector<native::isa> v;
   const native::isa best = native::best_isa();
-  for (native::isa i : {native::isa::portable, native::isa::avx2, native::isa::avx512,
-                        native::isa::neon})
+  for (native::isa i : native::all_isas)
     if (native::set_isa(i)) v.push_back(i);
   native::set_isa(best);
   return v;
@@ -128,6 +128,34 @@ TEST_CASE("native q4_0 and q8_0 matvecs match dequantized oracles in both precis
           CHECK(e < 1e-3);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("activation quantization (ggml precision) is the same at every level, bit for bit",
+          "[kernels][native]") {
+  restore saved;
+  for (int cols : {1, 7, 16, 17, 32, 33, 100, 768, 4097}) {
+    test::rng g(900u + cols);
+    std::vector<float> x(cols);
+    test::fill(g, x.data(), cols, -3.0f, 3.0f);
+    if (cols > 40) x[37] = 0.0f;  // and a block of zeros (amax 0: d 0, q 0)
+    if (cols >= 768) std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+    const int nb = q8_blocks_per_row(cols);
+    REQUIRE(native::set_isa(native::isa::portable));
+    std::vector<q8_block> want(nb), got(nb);
+    native::quantize_activations_q8(x.data(), want.data(), cols);
+    // The rule itself on one block: d = amax/127 as f16, q = round(x*127/amax).
+    float amax = 0;
+    for (int i = 0; i < std::min(32, cols); ++i) amax = std::max(amax, std::fabs(x[i]));
+    CHECK(want[0].d == fp32_to_fp16(amax / 127.0f));
+    CHECK(want[0].qs[0] == static_cast<int8_t>(std::nearbyint(x[0] * (127.0f / amax))));
+    for (native::isa lv : levels()) {
+      REQUIRE(native::set_isa(lv));
+      INFO(native::to_string(lv) << " cols " << cols);
+      std::memset(got.data(), 0x55, nb * sizeof(q8_block));
+      native::quantize_activations_q8(x.data(), got.data(), cols);
+      CHECK(std::memcmp(got.data(), want.data(), nb * sizeof(q8_block)) == 0);
     }
   }
 }

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 using namespace cellshard;
@@ -270,7 +271,7 @@ TEST_CASE("matvec_typed conforms on every backend for every type and mode",
           // native: at every vector level this CPU has (its typed kernels
           // differ per level), then back at the best.
           std::vector<native::isa> isas = {native::active_isa()};
-          if (name == "native") isas = {native::isa::portable, native::isa::avx2, native::isa::avx512};
+          if (name == "native") isas.assign(std::begin(native::all_isas), std::end(native::all_isas));
           const native::isa best = native::active_isa();
           for (native::isa lv : isas) {
             if (name == "native" && !native::set_isa(lv)) continue;

@@ -38,8 +38,7 @@ TEST_CASE("prefill in chunks gives the logits of one position at a time bit for 
     levels.push_back({b, kernels::native::isa::portable});
   }
   const auto best = kernels::native::best_isa();
-  for (auto i : {kernels::native::isa::portable, kernels::native::isa::avx2, kernels::native::isa::avx512,
-                 kernels::native::isa::neon})
+  for (auto i : kernels::native::all_isas)
     if (kernels::native::set_isa(i)) levels.push_back({"native", i});
   kernels::native::set_isa(best);
   kernels::pool two(2, 0);
