@@ -44,7 +44,7 @@ const backend& native_backend();
 namespace native {
 
 /// avx512vnni: the AVX-512 level plus integer q8_0/q4_0 kernels for ggml
-/// precision (AVX512-VNNI vpdpbusd, AVX512-VBMI byte permutes).
+/// precision (AVX512-VNNI vpdpbusd).
 enum class isa { portable, avx2, avx512, avx512vnni, neon };
 const char* to_string(isa i);
 /// Every level, in order (for tests: set_isa() says which this CPU runs).
