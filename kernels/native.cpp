@@ -368,16 +368,34 @@ CS_AVX512 inline __m512 load_x16(const float* x, int at, int cols) {
   return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), x + at);
 }
 
-// Block of 32 weights as int8 in one 256-bit register -> t (16 lanes).
-CS_AVX512 inline __m512 i8x32_dot_f32_avx512(__m256i q, const float* x, int base, int cols,
-                                             bool full) {
-  const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-  const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+// A block's 32 weights as two vectors of 16 floats (weights 0..15 and
+// 16..31), exact small integers. q8: sign-extended bytes. q4: byte j holds
+// weight j (low nibble) and j + 16 (high); each byte is widened to a 32-bit
+// lane, the nibble placed in the mantissa of 2^23 (one vpternlog: (v & 15) |
+// bits of 2^23) and 2^23 + 8 subtracted, which is exactly n - 8.
+CS_AVX512 inline void block_f32_avx512(const q8_block& b, __m512& q0, __m512& q1) {
+  q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs))));
+  q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16))));
+}
+CS_AVX512 inline void block_f32_avx512(const q4_block& b, __m512& q0, __m512& q1) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)));
+  const __m512i two23 = _mm512_set1_epi32(0x4B000000);
+  const __m512 off = _mm512_set1_ps(8388616.0f);  // 2^23 + 8
+  q0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, _mm512_set1_epi32(15), two23, 0xEA)), off);
+  q1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(v, 4), two23)), off);
+}
+// t = q0 . x[base..+16) + q1 . x[base+16..+32) as 16 lanes (x past cols as 0).
+CS_AVX512 inline __m512 dot2_avx512(__m512 q0, __m512 q1, const float* x, int base, int cols,
+                                    bool full) {
   if (full)
-    return _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + base + 16),
-                           _mm512_mul_ps(q0, _mm512_loadu_ps(x + base)));
-  return _mm512_fmadd_ps(q1, load_x16(x, base + 16, cols),
-                         _mm512_mul_ps(q0, load_x16(x, base, cols)));
+    return _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + base + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(x + base)));
+  return _mm512_fmadd_ps(q1, load_x16(x, base + 16, cols), _mm512_mul_ps(q0, load_x16(x, base, cols)));
+}
+template <class B>
+CS_AVX512 inline __m512 block_dot_avx512(const B& blk, const float* x, int base, int cols, bool full) {
+  __m512 q0, q1;
+  block_f32_avx512(blk, q0, q1);
+  return dot2_avx512(q0, q1, x, base, cols, full);
 }
 
 CS_AVX512 inline __m256i w_bytes_avx512(const q8_block& b) {
@@ -400,13 +418,13 @@ CS_AVX512 void quant_avx512(float* out, const B* W, std::size_t stride, const fl
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int b = 0;
     for (; b + 2 <= full; b += 2) {
-      const __m512 t0 = i8x32_dot_f32_avx512(w_bytes_avx512(row[b]), x, b * 32, cols, true);
-      const __m512 t1 = i8x32_dot_f32_avx512(w_bytes_avx512(row[b + 1]), x, b * 32 + 32, cols, true);
+      const __m512 t0 = block_dot_avx512(row[b], x, b * 32, cols, true);
+      const __m512 t1 = block_dot_avx512(row[b + 1], x, b * 32 + 32, cols, true);
       a0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b].d)), t0, a0);
       a1 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b + 1].d)), t1, a1);
     }
     for (; b < nb; ++b) {
-      const __m512 t = i8x32_dot_f32_avx512(w_bytes_avx512(row[b]), x, b * 32, cols, b < full);
+      const __m512 t = block_dot_avx512(row[b], x, b * 32, cols, b < full);
       if (b % 2 == 0) a0 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b].d)), t, a0);
       else a1 = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(row[b].d)), t, a1);
     }
@@ -823,20 +841,6 @@ CS_AVX512 inline void f32_avx512_mx(const float* w, const float* const* x, float
     res[j] = hsum512(_mm512_add_ps(_mm512_add_ps(a0[j], a1[j]), _mm512_add_ps(a2[j], a3[j])));
 }
 
-template <class B>
-CS_AVX512 inline void unpack_avx512(const B& blk, __m512& q0, __m512& q1) {
-  const __m256i q = w_bytes_avx512(blk);
-  q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-  q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
-}
-// i8x32_dot_f32_avx512 on already converted weights.
-CS_AVX512 inline __m512 dot2_avx512(__m512 q0, __m512 q1, const float* x, int base, int cols,
-                                    bool full) {
-  if (full)
-    return _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + base + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(x + base)));
-  return _mm512_fmadd_ps(q1, load_x16(x, base + 16, cols), _mm512_mul_ps(q0, load_x16(x, base, cols)));
-}
-
 template <class B, int NX>
 CS_AVX512 inline void quant_avx512_mx(const B* row, const float* const* x, float* res, int cols) {
   const int nb = q8_blocks_per_row(cols);
@@ -846,16 +850,16 @@ CS_AVX512 inline void quant_avx512_mx(const B* row, const float* const* x, float
   __m512 q0, q1;
   int b = 0;
   for (; b + 2 <= full; b += 2) {
-    unpack_avx512(row[b], q0, q1);
+    block_f32_avx512(row[b], q0, q1);
     __m512 s = _mm512_set1_ps(_cvtsh_ss(row[b].d));
     for (int j = 0; j < NX; ++j) a0[j] = _mm512_fmadd_ps(s, dot2_avx512(q0, q1, x[j], b * 32, cols, true), a0[j]);
-    unpack_avx512(row[b + 1], q0, q1);
+    block_f32_avx512(row[b + 1], q0, q1);
     s = _mm512_set1_ps(_cvtsh_ss(row[b + 1].d));
     for (int j = 0; j < NX; ++j)
       a1[j] = _mm512_fmadd_ps(s, dot2_avx512(q0, q1, x[j], b * 32 + 32, cols, true), a1[j]);
   }
   for (; b < nb; ++b) {
-    unpack_avx512(row[b], q0, q1);
+    block_f32_avx512(row[b], q0, q1);
     const __m512 s = _mm512_set1_ps(_cvtsh_ss(row[b].d));
     for (int j = 0; j < NX; ++j) {
       const __m512 t = dot2_avx512(q0, q1, x[j], b * 32, cols, b < full);
