@@ -938,16 +938,6 @@ CS_AVX2 inline int hsum_i32x8(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
   return _mm_cvtsi128_si32(s);
 }
-CS_AVX2 inline int hsum_i32x4(__m128i s) {
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
-
-// 32 unsigned bytes (< 128) times 32 signed bytes, summed to one int.
-CS_AVX2 inline int u8s8_dot32(__m256i u, __m256i s) {
-  return hsum_i32x8(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
 
 // 32 bytes as 4 x 8 floats (unsigned when U, else signed).
 template <bool U>
@@ -1003,7 +993,12 @@ CS_AVX2 void q4k_exact_avx2(float* out, const uint8_t* W, std::size_t stride, co
   }
 }
 
-// q4_K, ggml: integer dots against q8_K activations, ggml's arithmetic.
+// q4_K, ggml: integer dots against q8_K activations, ggml's arithmetic. The
+// sub-block scale is the second factor of the 16-bit multiply-add (vpmaddwd
+// with sc instead of 1), so the 8 sub-blocks of a block add up in 8 int32
+// lanes and one horizontal sum per block gives sum(sc * dot): the same
+// integers as the reference, with no overflow (per lane at most
+// 8 * 63 * 2 * 2 * 15 * 128 < 2^31).
 CS_AVX2 void q4k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, const block_q8_k* y,
                            int rows, int cols) {
   const int nb = cols / qk_k;
@@ -1012,19 +1007,21 @@ CS_AVX2 void q4k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, con
     const block_q4_k* blk = reinterpret_cast<const block_q4_k*>(W + r * stride);
     float sum = 0.0f;
     for (int b = 0; b < nb; ++b) {
-      int sums = 0, mins = 0;
+      int sc[8], m[8];
+      for (int sb = 0; sb < 8; ++sb) q4k_scale_min(sb, blk[b].scales, &sc[sb], &m[sb]);
+      __m256i acc = _mm256_setzero_si256();
+      int mins = 0;
       for (int j = 0; j < 4; ++j) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[b].qs + 32 * j));
-        const __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
-        for (int h = 0; h < 2; ++h) {
-          const int sb = 2 * j + h;
-          int sc, m;
-          q4k_scale_min(sb, blk[b].scales, &sc, &m);
-          const __m256i ys = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 32 * sb));
-          sums += sc * u8s8_dot32(nib[h], ys);
-          mins += m * (y[b].bsums[2 * sb] + y[b].bsums[2 * sb + 1]);
-        }
+        const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 64 * j));
+        const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 64 * j + 32));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, m4), y0);
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), y1);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, _mm256_set1_epi16(static_cast<short>(sc[2 * j]))));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, _mm256_set1_epi16(static_cast<short>(sc[2 * j + 1]))));
       }
+      for (int sb = 0; sb < 8; ++sb) mins += m[sb] * (y[b].bsums[2 * sb] + y[b].bsums[2 * sb + 1]);
+      const int sums = hsum_i32x8(acc);
       const float d = _cvtsh_ss(blk[b].d) * y[b].d;
       const float dmin = _cvtsh_ss(blk[b].dmin) * y[b].d;
       sum += d * static_cast<float>(sums) - dmin * static_cast<float>(mins);
@@ -1078,6 +1075,9 @@ CS_AVX2 void q6k_exact_avx2(float* out, const uint8_t* W, std::size_t stride, co
   }
 }
 
+// q6_K, ggml: as q4_K, each 32-value group's two 16-value sub-block scales
+// in the two 128-bit halves of the vpmaddwd factor; one horizontal sum per
+// block (per lane at most 16 * 127 * 2 * 2 * 32 * 128 < 2^31).
 CS_AVX2 void q6k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, const block_q8_k* y, int rows,
                            int cols) {
   const int nb = cols / qk_k;
@@ -1085,24 +1085,22 @@ CS_AVX2 void q6k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, con
     const block_q6_k* blk = reinterpret_cast<const block_q6_k*>(W + r * stride);
     float sum = 0.0f;
     for (int b = 0; b < nb; ++b) {
-      int isum = 0;
+      __m256i acc = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         __m256i g[4];
         q6k_groups(blk[b], h, g);
         for (int k = 0; k < 4; ++k) {
           const int e0 = 128 * h + 32 * k, sb = e0 / 16;
           const __m256i ys = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + e0));
-          // |w| (<= 32) times y with w's sign: 16-bit pair sums, then 32-bit.
-          const __m256i p = _mm256_madd_epi16(
-              _mm256_maddubs_epi16(_mm256_sign_epi8(g[k], g[k]), _mm256_sign_epi8(ys, g[k])),
-              _mm256_set1_epi16(1));
-          const int d0 = hsum_i32x4(_mm256_castsi256_si128(p));       // elements e0 .. e0+15
-          const int d1 = hsum_i32x4(_mm256_extracti128_si256(p, 1));  // e0+16 .. e0+31
-          isum += blk[b].scales[sb] * d0;
-          isum += blk[b].scales[sb + 1] * d1;
+          // |w| (<= 32) times y with w's sign: 16-bit pair sums, then scaled
+          // 32-bit sums (elements e0..e0+15 by scale sb, the rest by sb+1).
+          const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(g[k], g[k]), _mm256_sign_epi8(ys, g[k]));
+          const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(blk[b].scales[sb + 1]),
+                                               _mm_set1_epi16(blk[b].scales[sb]));
+          acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scv));
         }
       }
-      sum += _cvtsh_ss(blk[b].d) * y[b].d * static_cast<float>(isum);
+      sum += _cvtsh_ss(blk[b].d) * y[b].d * static_cast<float>(hsum_i32x8(acc));
     }
     out[r] = sum;
   }
