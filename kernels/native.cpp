@@ -921,16 +921,23 @@ CS_AVX2 void half_avx2(float* out, const uint8_t* W, std::size_t stride, const f
   }
 }
 
-// 6-bit scale and min of q4_K sub-block j (ggml's get_scale_min_k4).
-inline void q4k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
+// The 8 6-bit scales and 8 mins of a q4_K block, sub-block j in byte j of
+// *sc and *m, all at once (the layout ggml's get_scale_min_k4 reads: for
+// j < 4, sc = q[j] & 63 and m = q[j+4] & 63; for j >= 4, sc = (q[j+4] & 15) |
+// (q[j-4] >> 6) << 4 and m = (q[j+4] >> 4) | (q[j] >> 6) << 4), byte-wise
+// in 32-bit words; x86 is little-endian (byte j = bits 8j..8j+7).
+inline void q4k_scales_mins(const uint8_t* q, uint64_t* sc, uint64_t* m) {
+  uint32_t u0, u1, u2;
+  std::memcpy(&u0, q, 4);
+  std::memcpy(&u1, q + 4, 4);
+  std::memcpy(&u2, q + 8, 4);
+  const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, bits45 = 0x30303030u;
+  const uint32_t sc_hi = (u2 & low4) | ((u0 >> 2) & bits45);
+  const uint32_t m_hi = ((u2 >> 4) & low4) | ((u1 >> 2) & bits45);
+  *sc = static_cast<uint64_t>(u0 & low6) | (static_cast<uint64_t>(sc_hi) << 32);
+  *m = static_cast<uint64_t>(u1 & low6) | (static_cast<uint64_t>(m_hi) << 32);
 }
+inline int byte_of(uint64_t v, int j) { return static_cast<int>((v >> (8 * j)) & 0xff); }
 
 CS_AVX2 inline int hsum_i32x8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -970,13 +977,14 @@ CS_AVX2 void q4k_exact_avx2(float* out, const uint8_t* W, std::size_t stride, co
     for (int b = 0; b < nb; ++b) {
       const float d = _cvtsh_ss(blk[b].d), dmin = _cvtsh_ss(blk[b].dmin);
       const float* xb = x + b * qk_k;
+      uint64_t scs, ms;
+      q4k_scales_mins(blk[b].scales, &scs, &ms);
       for (int j = 0; j < 4; ++j) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[b].qs + 32 * j));
         const __m256i nib[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
         for (int h = 0; h < 2; ++h) {
           const int sb = 2 * j + h;
-          int sc, m;
-          q4k_scale_min(sb, blk[b].scales, &sc, &m);
+          const int sc = byte_of(scs, sb), m = byte_of(ms, sb);
           __m256 q[4];
           bytes_to_f32<true>(nib[h], q);
           const float* xs = xb + 32 * sb;
@@ -1007,20 +1015,24 @@ CS_AVX2 void q4k_ggml_avx2(float* out, const uint8_t* W, std::size_t stride, con
     const block_q4_k* blk = reinterpret_cast<const block_q4_k*>(W + r * stride);
     float sum = 0.0f;
     for (int b = 0; b < nb; ++b) {
-      int sc[8], m[8];
-      for (int sb = 0; sb < 8; ++sb) q4k_scale_min(sb, blk[b].scales, &sc[sb], &m[sb]);
+      uint64_t scs, ms;
+      q4k_scales_mins(blk[b].scales, &scs, &ms);
       __m256i acc = _mm256_setzero_si256();
-      int mins = 0;
       for (int j = 0; j < 4; ++j) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[b].qs + 32 * j));
         const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 64 * j));
         const __m256i y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs + 64 * j + 32));
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, m4), y0);
         const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), y1);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, _mm256_set1_epi16(static_cast<short>(sc[2 * j]))));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, _mm256_set1_epi16(static_cast<short>(sc[2 * j + 1]))));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, _mm256_set1_epi16(static_cast<short>(byte_of(scs, 2 * j)))));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, _mm256_set1_epi16(static_cast<short>(byte_of(scs, 2 * j + 1)))));
       }
-      for (int sb = 0; sb < 8; ++sb) mins += m[sb] * (y[b].bsums[2 * sb] + y[b].bsums[2 * sb + 1]);
+      // sum over sub-blocks of m * (its two bsums): each m twice as 16-bit
+      // factors of the 16 bsums.
+      const __m128i mb = _mm_cvtsi64_si128(static_cast<long long>(ms));
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb));
+      const int mins = hsum_i32x8(
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].bsums)), m16));
       const int sums = hsum_i32x8(acc);
       const float d = _cvtsh_ss(blk[b].d) * y[b].d;
       const float dmin = _cvtsh_ss(blk[b].dmin) * y[b].d;
