@@ -79,6 +79,40 @@ blob blob::decode(const std::vector<char>& bytes) {
   return b;
 }
 
+program_op to_wire(const topologies::shard_step& s) {
+  program_op w;
+  w.op = static_cast<int32_t>(s.op);
+  w.layer_begin = s.layers.begin;
+  w.layer_end = s.layers.end;
+  w.part = static_cast<int32_t>(s.part);
+  w.partial = s.partial;
+  w.algorithm = static_cast<int32_t>(s.algorithm);
+  w.peers.assign(s.peers.begin(), s.peers.end());
+  w.vocab_begin = s.vocab.begin;
+  w.vocab_end = s.vocab.end;
+  return w;
+}
+
+result<topologies::shard_step> from_wire(const program_op& w) {
+  using namespace topologies;
+  if (w.op < 0 || w.op >= static_cast<int32_t>(shard_op::count))
+    return make_error("program op " + std::to_string(w.op) + " unknown to this build (0.." +
+                      std::to_string(static_cast<int>(shard_op::count) - 1) + ")");
+  if (w.part < 0 || w.part > static_cast<int32_t>(layer_part::ffn))
+    return make_error("layer part " + std::to_string(w.part) + " unknown to this build");
+  if (w.algorithm < 0 || w.algorithm >= static_cast<int32_t>(reduce_algorithm::count))
+    return make_error("reduce algorithm " + std::to_string(w.algorithm) + " unknown to this build");
+  shard_step s;
+  s.op = static_cast<shard_op>(w.op);
+  s.layers = range{w.layer_begin, w.layer_end};
+  s.part = static_cast<layer_part>(w.part);
+  s.partial = w.partial;
+  s.algorithm = static_cast<reduce_algorithm>(w.algorithm);
+  s.peers.assign(w.peers.begin(), w.peers.end());
+  s.vocab = range{w.vocab_begin, w.vocab_end};
+  return s;
+}
+
 void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<blob>("cs_blob");
   cfg.add_message_type<step_id>("cs_step_id");
@@ -87,6 +121,7 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<partial_sum>("cs_partial_sum");
   cfg.add_message_type<logits_msg>("cs_logits");
   cfg.add_message_type<shard_error>("cs_shard_error");
+  cfg.add_message_type<program_op>("cs_program_op");
   cfg.add_message_type<wiring>("cs_wiring");
   cfg.add_message_type<shard_stats>("cs_shard_stats");
   cfg.add_message_type<kv_delta>("cs_kv_delta");

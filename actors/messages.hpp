@@ -20,6 +20,9 @@
 // swapped when the sender's byte order differs from ours.
 #pragma once
 
+#include "model/result.hpp"
+#include "topologies/placement.hpp"
+
 #include <caf/actor.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
@@ -172,17 +175,44 @@ typename Inspector::result_type inspect(Inspector& f, shard_error& x) {
   return f(caf::meta::type_name("shard_error"), x.id, x.node, x.message, x.retry);
 }
 
-/// Where a shard sends: its TP group in rank order and the next stage's
-/// shards (empty for the last stage).
+/// One op of a shard's program (topologies::shard_step, issue #15) as it
+/// travels: the enums as their values, ranges as begin/end.
+struct program_op {
+  int32_t op = 0;         // topologies::shard_op
+  int32_t layer_begin = 0, layer_end = 0;
+  int32_t part = 0;       // topologies::layer_part
+  bool partial = false;
+  int32_t algorithm = 0;  // topologies::reduce_algorithm
+  std::vector<int32_t> peers;
+  int32_t vocab_begin = 0, vocab_end = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, program_op& x) {
+  return f(caf::meta::type_name("program_op"), x.op, x.layer_begin, x.layer_end, x.part, x.partial, x.algorithm,
+           x.peers, x.vocab_begin, x.vocab_end);
+}
+program_op to_wire(const topologies::shard_step& s);
+/// Errors: an op, part or algorithm value this build does not know (a newer
+/// front end), naming it.
+result<topologies::shard_step> from_wire(const program_op& w);
+
+/// What a shard executes and with whom: its program (the placement's
+/// topologies::shard::program, which it runs op by op for every step), and
+/// the actors its ops name by placement index -- its TP group in rank order
+/// and the next stage's shards (empty for the last stage).
 struct wiring {
   std::vector<caf::actor> group;
   std::vector<caf::actor> next;
   std::vector<int32_t> group_nodes;  // node index of each group member
   std::vector<int32_t> next_nodes;   // node index of each next-stage shard
+  std::vector<int32_t> group_index;  // placement index of each group member
+  std::vector<int32_t> next_index;   // placement index of each next-stage shard
+  std::vector<program_op> program;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, wiring& x) {
-  return f(caf::meta::type_name("wiring"), x.group, x.next, x.group_nodes, x.next_nodes);
+  return f(caf::meta::type_name("wiring"), x.group, x.next, x.group_nodes, x.next_nodes, x.group_index,
+           x.next_index, x.program);
 }
 
 /// The node index that stands for the session's side (the front end) in
@@ -326,8 +356,9 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 3;  // 2: fault plans in shard_spawn, daemon heartbeats;
-                                               // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options
+constexpr uint32_t node_protocol_version = 4;  // 2: fault plans in shard_spawn, daemon heartbeats;
+                                               // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options;
+                                               // 4: shard programs in wiring (issue #15)
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {

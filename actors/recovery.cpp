@@ -1,11 +1,13 @@
 #include "actors/recovery.hpp"
 
+
 #include "supervision/errors.hpp"
 #include "supervision/fault_hooks.hpp"
 #include "supervision/heartbeat.hpp"
 #include "supervision/messages.hpp"
 #include "supervision/supervisor.hpp"
 #include "topologies/profile.hpp"
+#include "topologies/replacement.hpp"
 
 #include <caf/all.hpp>
 
@@ -142,9 +144,8 @@ void announce_restart(coordinator_actor* self, int i, const caf::actor& handle) 
     const int s = plan.shards[i].stage;
     for (int stage : {s - 1, s}) {
       if (stage < 0) continue;
-      const wiring w = wiring_of(*st.rt, stage);
       for (int idx : plan.stages[stage].shards)
-        if (st.rt->actor_of[idx]) confirm.emplace_back(st.rt->actor_of[idx], w);
+        if (st.rt->actor_of[idx]) confirm.emplace_back(st.rt->actor_of[idx], wiring_of(*st.rt, idx));
     }
     if (st.rt->unhealthy.count(st.rt->node_of[i])) silent_incarnation = handle;
   }
@@ -458,25 +459,28 @@ int choose_node(runtime_shared& rt, int idx, const std::set<int>& tried, std::st
 
 }  // namespace
 
-wiring wiring_of(const runtime_shared& rt, int stage) {
+wiring wiring_of(const runtime_shared& rt, int index) {
   const auto& plan = rt.plan;
+  const auto& sh = plan.shards[static_cast<size_t>(index)];
   wiring w;
-  for (int idx : plan.stages[stage].shards) {
+  for (int idx : plan.stages[static_cast<size_t>(sh.stage)].shards) {
     w.group.push_back(rt.actor_of[idx]);
     w.group_nodes.push_back(rt.node_of[idx]);
+    w.group_index.push_back(idx);
   }
-  if (stage + 1 < static_cast<int>(plan.stages.size()))
-    for (int idx : plan.stages[stage + 1].shards) {
+  if (sh.stage + 1 < static_cast<int>(plan.stages.size()))
+    for (int idx : plan.stages[static_cast<size_t>(sh.stage + 1)].shards) {
       w.next.push_back(rt.actor_of[idx]);
       w.next_nodes.push_back(rt.node_of[idx]);
+      w.next_index.push_back(idx);
     }
+  for (const auto& op : sh.program) w.program.push_back(to_wire(op));
   return w;
 }
 
 void send_wiring(const runtime_shared& rt, int stage) {
-  const wiring w = wiring_of(rt, stage);
   for (int idx : rt.plan.stages[stage].shards)
-    if (rt.actor_of[idx]) caf::anon_send(rt.actor_of[idx], wire_atom::value, w);
+    if (rt.actor_of[idx]) caf::anon_send(rt.actor_of[idx], wire_atom::value, wiring_of(rt, idx));
 }
 
 void stop_runtime(runtime_shared& rt, const caf::actor& supervisor) {
@@ -669,10 +673,9 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
   // could otherwise overtake it (different senders, no order between them).
   // A request to the void handler is answered once the wiring is applied.
   for (size_t s = 0; s < plan.stages.size(); ++s) {
-    const wiring w = wiring_of(*rt, static_cast<int>(s));
     for (int idx : plan.stages[s].shards) {
       std::string err;
-      self->request(rt->actor_of[idx], deadline, wire_atom::value, w)
+      self->request(rt->actor_of[idx], deadline, wire_atom::value, wiring_of(*rt, idx))
           .receive([] {}, [&](caf::error& e) { err = to_string(e); });
       if (!err.empty()) {
         stop_runtime(*rt, *sup);

@@ -132,8 +132,9 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
 /// (actors that re-arm timers would otherwise keep the actor system alive).
 void stop_runtime(runtime_shared& rt, const caf::actor& supervisor);
 
-/// The wiring of the shards of `stage`: their group and the next stage.
-wiring wiring_of(const runtime_shared& rt, int stage);
+/// The wiring of placement index `index`: its program (the placement's) and
+/// the current actors of its group and of the next stage.
+wiring wiring_of(const runtime_shared& rt, int index);
 
 /// Sends the placement's wiring to every shard (initially and after restarts).
 void send_wiring(const runtime_shared& rt, int stage);

@@ -16,18 +16,17 @@
 
 namespace cellshard::actors::shard_detail {
 
-/// Worker -> shard: the own partial of (layer, phase) of a step, computed
-/// off the scheduler threads (actors/worker.hpp). `x` is the step's residual
-/// stream, lent to the job and given back. In process only.
+/// Worker -> shard: the result of the compute op at `pc` of a step's program,
+/// computed off the scheduler threads (actors/worker.hpp). `x` is the step's
+/// residual stream, lent to the job and given back (with each layer half's
+/// output added unless the op is partial); `out` is the last layer half's
+/// output -- a partial op's partial sum. In process only.
 struct computed {
   uint64_t session = 0;
   uint32_t epoch = 0;
   int32_t pos0 = 0;
-  int layer = 0, phase = 0;
-  // A shard alone in its group (no all-reduce): the job ran every remaining
-  // layer of the stage, adding each partial into x itself (x += p, as
-  // advance() does for one rank), so a step costs one hand-off, not 2 per layer.
-  bool whole = false;
+  size_t pc = 0;
+  bool partial = false;
   std::vector<float> x;
   blob out;
   int64_t ns = 0;
@@ -79,8 +78,11 @@ struct session_state {
   step_id id;
   int32_t replay_until = -1;
   std::vector<float> x;        // [count x dim] residual stream
-  int layer = 0, phase = 0;    // next (layer, phase) to reduce
-  bool own_done = false;       // own partial of (layer, phase) computed and sent
+  size_t pc = 0;               // the op of the program being executed
+  bool posted = false;         // the compute op at pc is on the worker
+  blob own;                    // this shard's partial for the reduce at pc
+  bool shared = false;         // the reduce at pc has sent `own` to its peers
+  bool checkpointed = false;   // this step's KV delta is out (or not due)
   int64_t compute_ns = 0;      // critical-path compute so far
   caf::actor reply_to;
   // Replay log: activations sent to the next stage, by first position.
@@ -94,6 +96,9 @@ struct session_state {
 struct shard_state {
   shard_init init;
   wiring wires;
+  // What the shard does with every step (the placement's program for it,
+  // checked against its slice when the wiring came); executed by run_program.
+  std::vector<topologies::shard_step> program;
   bool wired = false;
   // Steps that arrived before the first wiring (none should: the runtime
   // confirms wiring before any step reaches a shard); handled once it comes.
@@ -250,196 +255,258 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
   return &ss;
 }
 
-void send_activation(shard_actor* self, const activation& a) {
-  auto& st = self->state;
-  for (size_t i = 0; i < st.wires.next.size(); ++i) {
-    deliver(self, st.wires.next[i], st.wires.next_nodes[i], a);
+/// The actor and node of placement index `index` among the wiring's peers;
+/// false when the wiring does not name it (check_wiring refuses such programs).
+bool peer_of(const shard_state& st, int index, caf::actor& to, int32_t& node) {
+  const auto& w = st.wires;
+  for (size_t i = 0; i < w.group_index.size() && i < w.group.size(); ++i)
+    if (w.group_index[i] == index) {
+      to = w.group[i];
+      node = w.group_nodes[i];
+      return true;
+    }
+  for (size_t i = 0; i < w.next_index.size() && i < w.next.size(); ++i)
+    if (w.next_index[i] == index) {
+      to = w.next[i];
+      node = w.next_nodes[i];
+      return true;
+    }
+  return false;
+}
+
+/// Sends `m` to every placement index of `peers`, in order.
+template <class T>
+void send_to(shard_actor* self, const std::vector<int>& peers, const T& m) {
+  for (int idx : peers) {
+    caf::actor to;
+    int32_t node = 0;
+    if (peer_of(self->state, idx, to, node)) deliver(self, to, node, m);
   }
+}
+
+/// The program's forward op (to the next stage), or null.
+const topologies::shard_step* forward_op(const shard_state& st) {
+  for (const auto& op : st.program)
+    if (op.op == topologies::shard_op::forward) return &op;
+  return nullptr;
 }
 
 void start_step(shard_actor* self, activation& a);
 
-/// Finishes a stage: checkpoint delta, then forward x to the next stage (and
-/// log it for replay), or the logits to the session.
-void finish_stage_impl(shard_actor* self, session_state& ss);
-
-void finish_stage(shard_actor* self, session_state& ss) {
-  finish_stage_impl(self, ss);
-  if (!ss.busy && !ss.queued.empty()) {
-    activation next = std::move(ss.queued.front());
-    ss.queued.pop_front();
-    start_step(self, next);
-  }
-}
-
-void finish_stage_impl(shard_actor* self, session_state& ss) {
+/// The step's KV delta to the session, once per step, before the stage's
+/// output leaves (every `checkpoint_every` positions; not for replays).
+void checkpoint_step(shard_actor* self, session_state& ss) {
+  if (ss.checkpointed) return;
+  ss.checkpointed = true;
   auto& st = self->state;
-  ss.busy = false;
-  const auto& w = *st.init.weights;
-  const int dim = w.cfg().dim;
-  const bool replay = ss.replay_until >= 0;
   const int32_t end = ss.id.pos0 + ss.id.count;
   const int K = st.init.checkpoint_every;
-  if (!replay && K > 0 && end - ss.ckpt_end >= K && ss.reply_to) {
-    kv_delta d;
-    d.session = ss.id.session;
-    d.index = st.init.index;
-    d.begin = ss.ckpt_end;
-    d.end = end;
-    d.rows.data = ss.kv->rows(ss.ckpt_end, end);
-    deliver(self, ss.reply_to, front_end_node, std::move(d));
-    ss.ckpt_end = end;
-  }
-  if (!st.wires.next.empty() || !w.spec().classifier) {
-    if (st.init.rank != 0 || st.wires.next.empty()) return;  // rank 0 forwards x
-    if (replay && st.init.stage >= ss.replay_until) return;  // the replay ends here
-    activation a;
-    a.id = ss.id;
-    a.x.data = std::move(ss.x);
-    a.compute_ns = ss.compute_ns;
-    a.reply_to = ss.reply_to;
-    a.replay_until = ss.replay_until;
-    ss.sent[a.id.pos0] = a.x.data;
-    send_activation(self, a);
-    return;
-  }
-  if (replay) return;
-  {
-    // Every rank of the last stage: its slice of the classifier's rows, on the
-    // worker after the step's last partial (FIFO); the classifier of a
-    // 32000-token vocabulary is a matvec as long as a layer.
-    const auto first = ss.x.begin() + static_cast<std::ptrdiff_t>(ss.id.count - 1) * dim;
-    std::vector<float> last(first, first + dim);
-    classified c;
-    c.id = ss.id;
-    c.vocab_begin = w.spec().vocab_first();
-    st.classifying.insert({ss.id.session, ss.id.pos0});
-    c.compute_ns = ss.compute_ns;
-    c.reply_to = ss.reply_to;
-    auto weights = st.init.weights;
-    const kernels::backend* be = st.init.backend;
-    caf::actor_addr me = self->address();
-    std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
-    st.worker->post([c = std::move(c), last = std::move(last), weights, be, kpool,
-                     me](const std::atomic<bool>& cancelled) mutable {
-      if (cancelled) return;
-      kernels::pool::scope use_pool(kpool.get());
-      const auto t0 = clock_type::now();
-      c.logits.data.resize(weights->spec().vocab_rows(weights->cfg().vocab_size));
-      model::classify(*be, *weights, last.data(), c.logits.data.data());
-      c.ns = since_ns(t0);
-      if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
-    });
-  }
+  if (ss.replay_until >= 0 || K <= 0 || end - ss.ckpt_end < K || !ss.reply_to) return;
+  kv_delta d;
+  d.session = ss.id.session;
+  d.index = st.init.index;
+  d.begin = ss.ckpt_end;
+  d.end = end;
+  d.rows.data = ss.kv->rows(ss.ckpt_end, end);
+  deliver(self, ss.reply_to, front_end_node, std::move(d));
+  ss.ckpt_end = end;
 }
 
-/// Posts the own partial of (ss.layer, ss.phase) to the worker; its result
-/// comes back as a `computed` message (handled by on_computed).
-void post_partial(shard_actor* self, uint64_t session, session_state& ss) {
+/// Posts the compute op `op` (at ss.pc) to the worker; its result comes back
+/// as a `computed` message (on_computed).
+void post_compute(shard_actor* self, uint64_t session, session_state& ss, const topologies::shard_step& op) {
   auto& st = self->state;
   ss.computing = true;
+  ss.posted = true;
   computed c;
   c.session = session;
   c.epoch = ss.id.epoch;
   c.pos0 = ss.id.pos0;
-  c.layer = ss.layer;
-  c.phase = ss.phase;
+  c.pc = ss.pc;
+  c.partial = op.partial;
   c.x = std::move(ss.x);
-  c.whole = st.init.group_size == 1;
   const int count = ss.id.count;
   const int chunk = std::max(1, st.init.batch_size);
+  const int l0 = op.layers.begin, l1 = op.layers.end;
+  const bool attention = op.part != topologies::layer_part::ffn;
+  const bool ffn = op.part != topologies::layer_part::attention;
   auto weights = st.init.weights;
   const kernels::backend* be = st.init.backend;
   auto kv = ss.kv;
   auto scr = ss.s;
   caf::actor_addr me = self->address();
   std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
-  st.worker->post([c = std::move(c), count, chunk, weights, be, kv, scr,
-                   me, kpool](const std::atomic<bool>& cancelled) mutable {
+  st.worker->post([c = std::move(c), count, chunk, l0, l1, attention, ffn, weights, be, kv, scr, me,
+                   kpool](const std::atomic<bool>& cancelled) mutable {
     kernels::pool::scope use_pool(kpool.get());
     const auto& w = *weights;
     const int dim = w.cfg().dim;
     const auto t0 = clock_type::now();
     const size_t n = static_cast<size_t>(count) * dim;
     c.out.data.resize(n);
-    int layer = c.layer, phase = c.phase;
-    for (;;) {
-      // One position alone as before; more in chunks of `chunk` positions
-      // (bit-identical: model::*_partial_batch).
-      for (int i = 0; i < count; i += chunk) {
-        if (cancelled) return;  // the shard is going away
-        const int m = std::min(chunk, count - i);
-        const float* xi = c.x.data() + static_cast<size_t>(i) * dim;
-        float* out = c.out.data.data() + static_cast<size_t>(i) * dim;
-        if (m == 1) {
-          if (phase == 0)
-            model::attention_partial(*be, w, layer, xi, c.pos0 + i, *kv, *scr, out);
-          else
-            model::ffn_partial(*be, w, layer, xi, *scr, out);
-        } else if (phase == 0) {
-          model::attention_partial_batch(*be, w, layer, xi, c.pos0 + i, m, *kv, *scr, out);
-        } else {
-          model::ffn_partial_batch(*be, w, layer, xi, m, *scr, out);
+    for (int layer = l0; layer < l1; ++layer)
+      for (int phase = 0; phase < 2; ++phase) {
+        if ((phase == 0 && !attention) || (phase == 1 && !ffn)) continue;
+        // One position alone as before; more in chunks of `chunk` positions
+        // (bit-identical: model::*_partial_batch).
+        for (int i = 0; i < count; i += chunk) {
+          if (cancelled) return;  // the shard is going away
+          const int m = std::min(chunk, count - i);
+          const float* xi = c.x.data() + static_cast<size_t>(i) * dim;
+          float* out = c.out.data.data() + static_cast<size_t>(i) * dim;
+          if (m == 1) {
+            if (phase == 0)
+              model::attention_partial(*be, w, layer, xi, c.pos0 + i, *kv, *scr, out);
+            else
+              model::ffn_partial(*be, w, layer, xi, *scr, out);
+          } else if (phase == 0) {
+            model::attention_partial_batch(*be, w, layer, xi, c.pos0 + i, m, *kv, *scr, out);
+          } else {
+            model::ffn_partial_batch(*be, w, layer, xi, m, *scr, out);
+          }
         }
+        if (c.partial) continue;  // a TP slice's partial: the reduce adds it
+        // A shard alone in its group: x += the half's output (as the reduce
+        // of a group of one would), so a step costs one hand-off, not 2 per layer.
+        const float* p = c.out.data.data();
+        for (size_t i = 0; i < n; ++i) c.x[i] += p[i];
       }
-      if (!c.whole) break;
-      const float* p = c.out.data.data();
-      for (size_t i = 0; i < n; ++i) c.x[i] += p[i];
-      if (phase == 0) {
-        phase = 1;
-      } else {
-        phase = 0;
-        if (++layer >= w.spec().layer_end) break;
-      }
-    }
     c.ns = since_ns(t0);
     if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
   });
 }
 
-/// Runs the step of `ss` as far as it can: computes own partials, and adds
-/// each (layer, phase) reduction once every rank's partial is there.
-void advance(shard_actor* self, uint64_t session, session_state& ss) {
+/// Posts the classifier of this shard's vocabulary rows for the step's last
+/// position (on the worker, after the step's last compute: FIFO; the
+/// classifier of a 32000-token vocabulary is a matvec as long as a layer).
+void post_classify(shard_actor* self, session_state& ss) {
   auto& st = self->state;
   const auto& w = *st.init.weights;
   const int dim = w.cfg().dim;
-  const int T = st.init.group_size;
-  const size_t n = static_cast<size_t>(ss.id.count) * dim;
-  while (ss.layer < w.spec().layer_end) {
-    auto key = std::make_tuple(session, ss.id.epoch, ss.id.pos0, ss.layer, ss.phase);
-    auto& parts = st.partials[key];
-    if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
-    if (!ss.own_done) {
-      if (!ss.computing) post_partial(self, session, ss);
-      return;  // on_computed continues
-    }
-    for (int r = 0; r < T; ++r)
-      if (parts[r].data.size() != n) return;  // wait for rank r
-    // x += p_0 + p_1 + ... + p_{T-1}, summed in rank order (deterministic).
-    if (T == 1) {
-      const float* p = parts[0].data.data();
-      for (size_t i = 0; i < n; ++i) ss.x[i] += p[i];
-    } else {
-      std::vector<float> acc = std::move(parts[0].data);
-      for (int r = 1; r < T; ++r) {
-        const float* p = parts[r].data.data();
-        for (size_t i = 0; i < n; ++i) acc[i] += p[i];
-      }
-      for (size_t i = 0; i < n; ++i) ss.x[i] += acc[i];
-    }
-    st.partials.erase(key);
-    ss.own_done = false;
-    if (ss.phase == 0) {
-      ss.phase = 1;
-    } else {
-      ss.phase = 0;
-      ++ss.layer;
-    }
-  }
-  finish_stage(self, ss);
+  const auto first = ss.x.begin() + static_cast<std::ptrdiff_t>(ss.id.count - 1) * dim;
+  std::vector<float> last(first, first + dim);
+  classified c;
+  c.id = ss.id;
+  c.vocab_begin = w.spec().vocab_first();
+  st.classifying.insert({ss.id.session, ss.id.pos0});
+  c.compute_ns = ss.compute_ns;
+  c.reply_to = ss.reply_to;
+  auto weights = st.init.weights;
+  const kernels::backend* be = st.init.backend;
+  caf::actor_addr me = self->address();
+  std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
+  st.worker->post([c = std::move(c), last = std::move(last), weights, be, kpool,
+                   me](const std::atomic<bool>& cancelled) mutable {
+    if (cancelled) return;
+    kernels::pool::scope use_pool(kpool.get());
+    const auto t0 = clock_type::now();
+    c.logits.data.resize(weights->spec().vocab_rows(weights->cfg().vocab_size));
+    model::classify(*be, *weights, last.data(), c.logits.data.data());
+    c.ns = since_ns(t0);
+    if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
+  });
 }
 
-/// The worker finished an own partial: share it with the group and go on,
+/// Executes the program of the step in flight from ss.pc as far as it can
+/// (issue #15: the placement's steps as data). A compute op goes to the
+/// worker (on_computed continues); a reduce waits until every peer's partial
+/// is there; forward and classify send the stage's output. At the end the
+/// step is done and the next queued one starts.
+void run_program(shard_actor* self, uint64_t session, session_state& ss) {
+  using topologies::shard_op;
+  auto& st = self->state;
+  const auto& prog = st.program;
+  const bool replay = ss.replay_until >= 0;
+  while (ss.busy && ss.pc < prog.size()) {
+    const auto& op = prog[ss.pc];
+    switch (op.op) {
+      case shard_op::embed:  // ran on the tokens (forward_req), before the step
+        ++ss.pc;
+        break;
+      case shard_op::compute:
+        if (!ss.posted) post_compute(self, session, ss, op);
+        return;  // on_computed goes on
+      case shard_op::reduce: {
+        const int T = static_cast<int>(op.peers.size());
+        const int me = static_cast<int>(std::find(op.peers.begin(), op.peers.end(), st.init.index) -
+                                        op.peers.begin());
+        const int layer = op.layers.begin;
+        const int phase = op.part == topologies::layer_part::ffn ? 1 : 0;
+        const size_t n = static_cast<size_t>(ss.id.count) * st.init.weights->cfg().dim;
+        auto key = std::make_tuple(session, ss.id.epoch, ss.id.pos0, layer, phase);
+        auto& parts = st.partials[key];
+        if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
+        if (!ss.shared) {
+          // direct_rank_order: the own partial to every other peer.
+          ss.shared = true;
+          partial_sum p{ss.id, layer, phase, me, ss.own};
+          for (int r = 0; r < T; ++r) {
+            if (r == me) continue;
+            caf::actor to;
+            int32_t node = 0;
+            if (peer_of(st, op.peers[r], to, node)) deliver(self, to, node, p);
+          }
+          parts[me] = std::move(ss.own);
+        }
+        for (int r = 0; r < T; ++r)
+          if (parts[r].data.size() != n) return;  // wait for peer r (the partial_sum handler resumes)
+        // x += p_0 + p_1 + ... + p_{T-1}, summed in peers' order (deterministic).
+        if (T == 1) {
+          const float* p = parts[0].data.data();
+          for (size_t i = 0; i < n; ++i) ss.x[i] += p[i];
+        } else {
+          std::vector<float> acc = std::move(parts[0].data);
+          for (int r = 1; r < T; ++r) {
+            const float* p = parts[r].data.data();
+            for (size_t i = 0; i < n; ++i) acc[i] += p[i];
+          }
+          for (size_t i = 0; i < n; ++i) ss.x[i] += acc[i];
+        }
+        st.partials.erase(key);
+        ss.shared = false;
+        ++ss.pc;
+        break;
+      }
+      case shard_op::forward: {
+        checkpoint_step(self, ss);
+        ++ss.pc;
+        if (replay && st.init.stage >= ss.replay_until) break;  // the replay ends here
+        activation a;
+        a.id = ss.id;
+        a.x.data = ss.pc < prog.size() ? ss.x : std::move(ss.x);
+        a.compute_ns = ss.compute_ns;
+        a.reply_to = ss.reply_to;
+        a.replay_until = ss.replay_until;
+        ss.sent[a.id.pos0] = a.x.data;  // the replay log
+        send_to(self, op.peers, a);
+        break;
+      }
+      case shard_op::classify:
+        checkpoint_step(self, ss);
+        ++ss.pc;
+        if (!replay) post_classify(self, ss);
+        break;
+      case shard_op::dispatch:
+      case shard_op::combine:
+      case shard_op::count:
+        // Refused when the wiring came (check_program): never reached.
+        report(self, ss.reply_to, ss.id,
+               "placement index " + std::to_string(st.init.index) + " cannot execute " + to_string(op.op));
+        ss.busy = false;
+        return;
+    }
+  }
+  if (!ss.busy) return;
+  checkpoint_step(self, ss);
+  ss.busy = false;
+  if (!ss.queued.empty()) {
+    activation next = std::move(ss.queued.front());
+    ss.queued.pop_front();
+    start_step(self, next);
+  }
+}
+
+/// The worker finished the compute op of a step: go on with the program,
 /// unless the step was abandoned meanwhile (then the next queued one starts).
 void on_computed(shard_actor* self, computed& c) {
   auto& st = self->state;
@@ -451,8 +518,8 @@ void on_computed(shard_actor* self, computed& c) {
   auto deferred = std::move(ss.after_job);
   ss.after_job.clear();
   for (auto& f : deferred) f();
-  const bool current = ss.busy && !ss.own_done && ss.id.epoch == c.epoch && ss.id.pos0 == c.pos0 &&
-                       ss.layer == c.layer && ss.phase == c.phase;
+  const bool current =
+      ss.busy && ss.posted && ss.id.epoch == c.epoch && ss.id.pos0 == c.pos0 && ss.pc == c.pc;
   if (!current) {
     if (!ss.busy && !ss.queued.empty()) {
       activation next = std::move(ss.queued.front());
@@ -463,25 +530,10 @@ void on_computed(shard_actor* self, computed& c) {
   }
   ss.x = std::move(c.x);
   ss.compute_ns += c.ns;
-  if (c.whole) {  // the stage's layers are done, x is final
-    st.partials.erase(std::make_tuple(c.session, ss.id.epoch, ss.id.pos0, ss.layer, ss.phase));
-    ss.layer = st.init.weights->spec().layer_end;
-    ss.phase = 0;
-    ss.own_done = false;
-    advance(self, c.session, ss);
-    return;
-  }
-  ss.own_done = true;
-  const int T = st.init.group_size;
-  if (T > 1) {
-    partial_sum p{ss.id, ss.layer, ss.phase, st.init.rank, c.out};
-    for (int r = 0; r < T; ++r)
-      if (r != st.init.rank) deliver(self, st.wires.group[r], st.wires.group_nodes[r], p);
-  }
-  auto& parts = st.partials[std::make_tuple(c.session, ss.id.epoch, ss.id.pos0, ss.layer, ss.phase)];
-  if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
-  parts[st.init.rank] = std::move(c.out);
-  advance(self, c.session, ss);
+  ss.posted = false;
+  if (c.partial) ss.own = std::move(c.out);
+  ++ss.pc;
+  run_program(self, c.session, ss);
 }
 
 void start_step(shard_actor* self, activation& a) {
@@ -506,12 +558,58 @@ void start_step(shard_actor* self, activation& a) {
   ss->id = a.id;
   ss->replay_until = a.replay_until;
   ss->x = std::move(a.x.data);
-  ss->layer = w.spec().layer_begin;
-  ss->phase = 0;
-  ss->own_done = false;
+  // The step starts after the embedding (done on the tokens, forward_req).
+  ss->pc = !st.program.empty() && st.program.front().op == topologies::shard_op::embed ? 1 : 0;
+  ss->posted = false;
+  ss->shared = false;
+  ss->own = blob{};
+  ss->checkpointed = false;
   ss->compute_ns = a.compute_ns;
   ss->reply_to = a.reply_to;
-  advance(self, a.id.session, *ss);
+  run_program(self, a.id.session, *ss);
+}
+
+/// Checks a wiring before the shard takes it: every op known to this build,
+/// the program valid for this shard's slice (topologies::check_program), and
+/// every placement index it names present in the wiring. Empty when it is fine.
+std::string check_wiring(const shard_state& st, const wiring& w, std::vector<topologies::shard_step>& prog) {
+  const std::string where = "placement index " + std::to_string(st.init.index) + ": ";
+  prog.clear();
+  for (const auto& op : w.program) {
+    auto s = from_wire(op);
+    if (!s) return where + s.message();
+    prog.push_back(std::move(s.value()));
+  }
+  const auto& spec = st.init.weights->spec();
+  topologies::shard me;
+  me.index = st.init.index;
+  me.stage = st.init.stage;
+  me.rank = st.init.rank;
+  me.group_size = st.init.group_size;
+  me.layers = topologies::range{spec.layer_begin, spec.layer_end};
+  me.has_embedding = spec.embedding;
+  me.has_classifier = spec.classifier;
+  if (spec.classifier) {
+    const int v0 = spec.vocab_first();
+    me.vocab = topologies::range{v0, v0 + spec.vocab_rows(st.init.weights->cfg().vocab_size)};
+  }
+  if (auto ok = topologies::check_program(me, prog); !ok) return ok.message();
+  if (w.group_index.size() != w.group.size() || w.next_index.size() != w.next.size())
+    return where + "the wiring's placement indices do not match its actors";
+  for (size_t i = 0; i < prog.size(); ++i) {
+    for (int idx : prog[i].peers) {
+      const bool found = std::count(w.group_index.begin(), w.group_index.end(), idx) > 0 ||
+                         std::count(w.next_index.begin(), w.next_index.end(), idx) > 0;
+      if (!found)
+        return where + "op " + std::to_string(i) + " (" + to_string(prog[i]) + ") names placement index " +
+               std::to_string(idx) + ", which the wiring does not give";
+    }
+    // Partials are kept by rank: a reduce is over the group, in rank order.
+    if (prog[i].op == topologies::shard_op::reduce &&
+        !std::equal(prog[i].peers.begin(), prog[i].peers.end(), w.group_index.begin(), w.group_index.end()))
+      return where + "op " + std::to_string(i) + " (" + to_string(prog[i]) + ") is not over the group in rank order";
+  }
+  return {};
 }
 
 void drop_session(shard_actor* self, uint64_t session) {
@@ -588,13 +686,18 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
     return (st.hooks && st.hooks->silenced()) || self->clock().now() < st.partitioned_until;
   };
   caf::message_handler own{
-      [=](wire_atom, wiring w) {
+      [=](wire_atom, wiring w) -> caf::result<void> {
         auto& st = self->state;
+        std::vector<topologies::shard_step> prog;
+        if (auto why = check_wiring(st, w, prog); !why.empty())
+          return caf::make_error(caf::sec::invalid_argument, why);
         st.wires = std::move(w);
-        if (st.wired) return;
+        st.program = std::move(prog);
+        if (st.wired) return {};
         st.wired = true;
         for (auto& m : st.unwired) self->send(self, std::move(m));
         st.unwired.clear();
+        return {};
       },
       // Embedding holder: tokens -> x, broadcast to the stage's group.
       [=](forward_req& req) {
@@ -618,9 +721,13 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           }
           w.embed(t, a.x.data.data() + i * dim);
         }
-        for (size_t i = 0; i < st.wires.group.size(); ++i) {
-          deliver(self, st.wires.group[i], st.wires.group_nodes[i], a);
+        // The program's embed op: x to its peers (the stage's group, rank order).
+        if (st.program.empty() || st.program.front().op != topologies::shard_op::embed) {
+          report(self, req.reply_to, req.id,
+                 "tokens sent to placement index " + std::to_string(st.init.index) + ", whose program has no embed op");
+          return;
         }
+        send_to(self, st.program.front().peers, a);
       },
       [=](activation& a) {
         if (silent()) return;
@@ -663,10 +770,14 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         auto& parts = st.partials[key];
         if (parts.size() != static_cast<size_t>(st.init.group_size)) parts.resize(st.init.group_size);
         parts[p.rank] = std::move(p.data);
+        // The step waits in the reduce of this (layer, half): it may go on.
         if (it != st.sessions.end() && it->second.busy && it->second.id.epoch == p.id.epoch &&
-            it->second.id.pos0 == p.id.pos0 && it->second.layer == p.layer &&
-            it->second.phase == p.phase)
-          advance(self, p.id.session, it->second);
+            it->second.id.pos0 == p.id.pos0 && it->second.pc < st.program.size()) {
+          const auto& op = st.program[it->second.pc];
+          if (op.op == topologies::shard_op::reduce && op.layers.begin == p.layer &&
+              (op.part == topologies::layer_part::ffn ? 1 : 0) == p.phase)
+            run_program(self, p.id.session, it->second);
+        }
       },
       // Restarted shard: the session's KV cache from its checkpoint deltas.
       [=](restore_req& r) -> caf::result<restore_atom, int32_t> {
@@ -705,7 +816,8 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         if (silent()) return caf::make_error(caf::sec::request_timeout);
         auto& st = self->state;
         auto it = st.sessions.find(session);
-        if (it == st.sessions.end() || st.wires.next.empty()) return false;
+        const topologies::shard_step* fwd = forward_op(st);
+        if (it == st.sessions.end() || !fwd) return false;
         auto& ss = it->second;
         const int dim = st.init.weights->cfg().dim;
         // Collect rows [from, to) from the logged batches.
@@ -728,7 +840,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         a.x.data = std::move(rows);
         a.reply_to = ss.reply_to;
         a.replay_until = until;
-        send_activation(self, a);
+        send_to(self, fwd->peers, a);
         return true;
       },
       [=](trim_atom, uint64_t session, int32_t below) {

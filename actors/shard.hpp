@@ -1,9 +1,13 @@
 // actors/shard.hpp: the shard actor. It holds one slice of the model (a
 // layer range, and within it a range of KV/query heads and FFN units) and,
-// per session, its KV cache. It executes its part of the placement's exchange
-// steps: embedding (when it holds the table), its layers with the TP group's
-// two all-reduces per layer, forwarding x to the next stage (rank 0), and the
-// classifier (when it holds it). See actors/messages.hpp for the protocol.
+// per session, its KV cache. For every step it executes its program -- the
+// placement's list of ops for this shard (topologies::shard::program: embed,
+// compute a layer range or a layer half of its slice, reduce over its TP
+// group in a fixed order, forward to the next stage, classify its vocabulary
+// rows), which arrives with its `wiring` and is checked against its slice
+// (topologies::check_program) before the shard takes it. Nothing about the
+// order of exchanges is decided here (issue #15). See actors/messages.hpp
+// for the protocol.
 //
 // Recovery (DESIGN.md "Fault tolerance"): every `checkpoint_every` positions
 // a shard sends its new KV rows to the session as a kv_delta; a restarted

@@ -486,14 +486,203 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
   p.steps.push_back(exchange_step{exchange_kind::logits_to_session, P - 1, -1, p.stages.back().shards, {},
                                   static_cast<uint64_t>(vocab_slices.front().size()) * sizeof(float)});
 
+  for (shard& sh : p.shards) {
+    auto prog = shard_program(p, sh.index);
+    if (!prog) return prog.err();
+    sh.program = std::move(prog.value());
+  }
+
   if (opt.check_memory) {
     if (auto ok = check_memory(p); !ok) return ok.err();
   }
   return p;
 }
 
+result<std::vector<shard_step>> shard_program(const placement& p, int index) {
+  if (index < 0 || index >= static_cast<int>(p.shards.size()))
+    return make_error("placement index " + std::to_string(index) + " names no shard (placement has " +
+                      plural(static_cast<int>(p.shards.size()), "shard", "shards") + ")");
+  const shard& sh = p.shards[static_cast<size_t>(index)];
+  const stage& sg = p.stages[static_cast<size_t>(sh.stage)];
+  const bool last = sh.stage + 1 == static_cast<int>(p.stages.size());
+  std::vector<shard_step> prog;
+  if (sh.has_embedding) {
+    shard_step e;
+    e.op = shard_op::embed;
+    e.peers = sg.shards;
+    prog.push_back(std::move(e));
+  }
+  if (sg.shards.size() == 1) {
+    shard_step c;
+    c.op = shard_op::compute;
+    c.layers = sh.layers;
+    c.part = layer_part::both;
+    prog.push_back(std::move(c));
+  } else {
+    for (int l = sh.layers.begin; l < sh.layers.end; ++l)
+      for (layer_part part : {layer_part::attention, layer_part::ffn}) {
+        shard_step c;
+        c.op = shard_op::compute;
+        c.layers = range{l, l + 1};
+        c.part = part;
+        c.partial = true;
+        prog.push_back(c);
+        shard_step r;
+        r.op = shard_op::reduce;
+        r.layers = range{l, l + 1};
+        r.part = part;
+        r.algorithm = reduce_algorithm::direct_rank_order;
+        r.peers = sg.shards;
+        prog.push_back(std::move(r));
+      }
+  }
+  if (!last && sh.rank == 0) {
+    shard_step f;
+    f.op = shard_op::forward;
+    f.peers = p.stages[static_cast<size_t>(sh.stage + 1)].shards;
+    prog.push_back(std::move(f));
+  }
+  if (last && sh.has_classifier) {
+    shard_step c;
+    c.op = shard_op::classify;
+    c.vocab = sh.vocab;
+    prog.push_back(std::move(c));
+  }
+  return prog;
+}
+
+result<void> check_program(const shard& s, const std::vector<shard_step>& program) {
+  auto bad = [&](size_t i, const std::string& what) {
+    return make_error("program of placement index " + std::to_string(s.index) + ", op " + std::to_string(i) +
+                      " (" + (i < program.size() ? to_string(program[i]) : std::string("end")) + "): " + what);
+  };
+  int next_layer = s.layers.begin;
+  bool in_attention_done = false;  // a partial attention half of next_layer is done (its FFN is next)
+  bool finished = false;           // forward or classify seen
+  for (size_t i = 0; i < program.size(); ++i) {
+    const shard_step& op = program[i];
+    if (finished && op.op != shard_op::classify && op.op != shard_op::forward)
+      return bad(i, "only forward or classify may follow the stage's output");
+    switch (op.op) {
+      case shard_op::embed:
+        if (i != 0) return bad(i, "embed must be the first op");
+        if (!s.has_embedding) return bad(i, "the shard holds no embedding table");
+        if (op.peers.empty()) return bad(i, "embed sends x to nobody");
+        break;
+      case shard_op::compute: {
+        if (op.layers.empty() || op.layers.begin != next_layer || op.layers.end > s.layers.end)
+          return bad(i, "expected layers from " + std::to_string(next_layer) + " within the shard's " +
+                            to_string(s.layers));
+        if (!op.partial) {
+          if (in_attention_done || op.part != layer_part::both)
+            return bad(i, "a whole (not partial) compute covers both halves of whole layers");
+          next_layer = op.layers.end;
+          break;
+        }
+        if (op.layers.size() != 1 || op.part == layer_part::both)
+          return bad(i, "a partial compute is one half of one layer");
+        if ((op.part == layer_part::attention) == in_attention_done)
+          return bad(i, in_attention_done ? "expected the FFN half" : "expected the attention half first");
+        const bool has_reduce = i + 1 < program.size() && program[i + 1].op == shard_op::reduce &&
+                                program[i + 1].layers == op.layers && program[i + 1].part == op.part;
+        if (!has_reduce) return bad(i, "a partial compute must be followed by the reduce of the same layer half");
+        break;
+      }
+      case shard_op::reduce: {
+        if (i == 0 || program[i - 1].op != shard_op::compute || !program[i - 1].partial)
+          return bad(i, "a reduce follows the partial compute of its layer half");
+        if (op.algorithm != reduce_algorithm::direct_rank_order) return bad(i, "unknown reduce algorithm");
+        if (std::find(op.peers.begin(), op.peers.end(), s.index) == op.peers.end())
+          return bad(i, "the reduce's peers do not include the shard itself");
+        if (op.peers.size() != static_cast<size_t>(s.group_size))
+          return bad(i, "the reduce's peers are not the shard's group of " + std::to_string(s.group_size));
+        if (op.part == layer_part::attention) {
+          in_attention_done = true;
+        } else {
+          in_attention_done = false;
+          next_layer = op.layers.end;
+        }
+        break;
+      }
+      case shard_op::forward:
+        if (op.peers.empty()) return bad(i, "forward sends x to nobody");
+        finished = true;
+        break;
+      case shard_op::classify:
+        if (!s.has_classifier) return bad(i, "the shard holds no classifier");
+        if (op.vocab != s.vocab) return bad(i, "classify rows " + to_string(op.vocab) + " differ from the shard's " +
+                                                   to_string(s.vocab));
+        finished = true;
+        break;
+      case shard_op::dispatch:
+      case shard_op::combine:
+        return bad(i, "no runtime executes " + to_string(op.op) + " yet");
+      case shard_op::count:
+        return bad(i, "not an op");
+    }
+  }
+  if (in_attention_done || next_layer != s.layers.end)
+    return bad(program.size(), "the program ends before the shard's layers " + to_string(s.layers) + " are done (at layer " +
+                                   std::to_string(next_layer) + ")");
+  return {};
+}
+
 // ---------------------------------------------------------------------------
 // Text
+
+std::string to_string(shard_op op) {
+  switch (op) {
+    case shard_op::embed: return "embed";
+    case shard_op::compute: return "compute";
+    case shard_op::reduce: return "reduce";
+    case shard_op::forward: return "forward";
+    case shard_op::classify: return "classify";
+    case shard_op::dispatch: return "dispatch";
+    case shard_op::combine: return "combine";
+    case shard_op::count: break;
+  }
+  return "?";
+}
+
+std::string to_string(layer_part part) {
+  switch (part) {
+    case layer_part::both: return "attention+ffn";
+    case layer_part::attention: return "attention";
+    case layer_part::ffn: return "ffn";
+  }
+  return "?";
+}
+
+std::string to_string(reduce_algorithm a) {
+  switch (a) {
+    case reduce_algorithm::direct_rank_order: return "direct, rank order";
+    case reduce_algorithm::count: break;
+  }
+  return "?";
+}
+
+std::string to_string(const shard_step& s) {
+  std::string out = to_string(s.op);
+  switch (s.op) {
+    case shard_op::compute:
+      out += " layers " + to_string(s.layers) + " " + to_string(s.part) + (s.partial ? " (partial)" : "");
+      break;
+    case shard_op::reduce:
+      out += " layer " + std::to_string(s.layers.begin) + " " + to_string(s.part) + " over " + list_of(s.peers) +
+             " (" + to_string(s.algorithm) + ")";
+      break;
+    case shard_op::embed:
+    case shard_op::forward:
+      out += " to " + list_of(s.peers);
+      break;
+    case shard_op::classify:
+      out += " rows " + to_string(s.vocab);
+      break;
+    default:
+      break;
+  }
+  return out;
+}
 
 std::string to_string(exchange_kind k) {
   switch (k) {
@@ -574,6 +763,26 @@ std::string to_string(const placement& p) {
       continue;
     }
     out += "  " + to_string(s) + "\n";
+  }
+  // Each shard's program; a TP group's four ops per layer shown once per range.
+  out += "programs (per step, executed by each shard):\n";
+  for (const shard& sh : p.shards) {
+    std::string line;
+    for (size_t i = 0; i < sh.program.size(); ++i) {
+      const shard_step& op = sh.program[i];
+      if (op.op == shard_op::compute && op.partial && op.layers.begin == sh.layers.begin &&
+          op.part == layer_part::attention && i + 3 < sh.program.size()) {
+        line += std::string(line.empty() ? "" : "; ") + "per layer of " + to_string(sh.layers) +
+                ": compute attention (partial), reduce over " + list_of(sh.program[i + 1].peers) + " (" +
+                to_string(sh.program[i + 1].algorithm) + "), compute ffn (partial), reduce";
+        while (i + 1 < sh.program.size() &&
+               (sh.program[i + 1].op == shard_op::compute || sh.program[i + 1].op == shard_op::reduce))
+          ++i;
+        continue;
+      }
+      line += (line.empty() ? "" : "; ") + to_string(op);
+    }
+    out += "  " + std::to_string(sh.index) + ": " + line + "\n";
   }
   return out;
 }

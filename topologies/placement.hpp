@@ -1,9 +1,11 @@
 // topologies/placement.hpp: the plan as data (STYLE.md item 4). A pure
 // function turns (model config, node specs, strategy, options) into a
 // placement: the shards with their layer ranges and head/FFN slices, the
-// stages in order, the exchange steps of one position, the spares, and the
-// memory each shard needs, checked against its node's budget before anything
-// is loaded. actors/ executes a placement; it decides nothing about splitting.
+// stages in order, the exchange steps of one position, each shard's program
+// (the ops it executes for every step, in order: shard_step), the spares,
+// and the memory each shard needs, checked against its node's budget before
+// anything is loaded. actors/ executes a placement -- each shard actor runs
+// its program -- and decides nothing about splitting or exchange order.
 //
 // Strategies (CLI.md `--topology`):
 // - pipeline: S stages, each one shard holding a contiguous layer range with
@@ -160,6 +162,55 @@ struct memory_need {
   uint64_t total() const { return weights + kv_cache + buffers; }
 };
 
+// ---------------------------------------------------------------------------
+// A shard's program (issue #15): what one shard does with one step -- a batch
+// of positions -- as data, in order. The placement writes it (shard_program);
+// actors/shard.cpp executes it, op by op; nothing about splitting or exchange
+// order is decided in actors/.
+
+/// The operations of a program.
+enum class shard_op {
+  embed,     // token ids -> x (the embedding holder), sent to `peers` (its TP group in rank order, itself included)
+  compute,   // its slice of `layers`, the `part` of each; see shard_step::partial
+  reduce,    // x += the sum of `peers`' partials of (layer, part), by `algorithm` in `peers`' order
+  forward,   // x to `peers` (every shard of the next stage), kept in the replay log
+  classify,  // the logits of rows `vocab` for the step's last position, to the session
+  dispatch,  // mixture of experts: tokens to the shards of their experts (not placed yet: reserved)
+  combine,   // mixture of experts: the experts' outputs back, weighted (not placed yet: reserved)
+  count
+};
+static_assert(static_cast<int>(shard_op::count) == 7, "update to_string(shard_op)");
+
+/// Which half of a transformer layer a compute or reduce covers.
+enum class layer_part { both, attention, ffn };
+
+/// How a reduce sums its group's partials.
+enum class reduce_algorithm {
+  /// Every rank sends its partial to every other rank; each adds
+  /// p_0 + p_1 + ... + p_{T-1} left to right in `peers`' order, then adds the
+  /// sum to its x: every rank ends with bit-identical x, run after run.
+  direct_rank_order,
+  count
+};
+
+struct shard_step {
+  shard_op op = shard_op::compute;
+  /// compute: the layers, each through `part` (both: attention, then FFN);
+  /// reduce: [l, l+1), the layer whose `part` it completes.
+  range layers;
+  layer_part part = layer_part::both;
+  /// compute: false -- x += the layer half's output after each half, the
+  /// whole range in one go (a shard alone in its group); true -- the output
+  /// is this shard's partial sum of one layer half (a TP slice), which the
+  /// reduce that follows adds up.
+  bool partial = false;
+  reduce_algorithm algorithm = reduce_algorithm::direct_rank_order;
+  /// Placement indices: embed and forward send to them, in this order; a
+  /// reduce sums their partials in this order (the group in rank order).
+  std::vector<int> peers;
+  range vocab;  // classify: classifier rows [v0, v1)
+};
+
 /// One shard: what one node computes.
 struct shard {
   int index = 0;        // placement index (position in placement::shards)
@@ -177,6 +228,8 @@ struct shard {
   range heads;          // query heads [kv0 * kv_mul, kv1 * kv_mul)
   range ffn;            // FFN hidden units [f0, f1)
   memory_need memory;
+  /// Its program for every step (shard_program): set by place().
+  std::vector<shard_step> program;
   bool fits() const { return memory.total() <= budget_bytes; }
 };
 
@@ -244,6 +297,28 @@ struct placement {
 result<placement> place(const model::config& cfg, const std::vector<node_spec>& nodes, const strategy& strat,
                         const placement_options& options = {});
 
+/// The program of shard `index` of `p` (p.stages and p.shards filled):
+///   embed (rank 0 of the first stage: x to the whole group, itself first);
+///   a group of one: compute{its layers, both halves, not partial};
+///   a group of T > 1: for each layer l, compute{[l,l+1), attention, partial},
+///     reduce{[l,l+1), attention, over the group in rank order},
+///     then the same for the FFN;
+///   forward (rank 0 of a stage with a next stage: to every shard of it), or
+///   classify (every rank of the last stage: its vocabulary rows).
+/// Errors: an index that names no shard.
+result<std::vector<shard_step>> shard_program(const placement& p, int index);
+
+/// Checks a program against its shard (what actors/shard.cpp relies on): every
+/// compute covers layers of the shard in order, each layer's attention before
+/// its FFN, every layer exactly once; a partial compute is one layer half,
+/// followed by the reduce of that half over peers that include the shard; an
+/// embed only on the embedding holder and only first; classify only on a
+/// classifier holder with its own vocabulary rows; no op after forward or
+/// classify other than classify; dispatch and combine are refused (no
+/// runtime executes them yet). Errors name the op's position and what was
+/// expected.
+result<void> check_program(const shard& s, const std::vector<shard_step>& program);
+
 /// Memory of one shard (see the formula at the top of this file). `context`
 /// is taken from options (0 = cfg.seq_len). vocab_rows: the classifier rows
 /// the shard holds (0: no final norm and classifier).
@@ -255,6 +330,11 @@ memory_need shard_memory(const model::config& cfg, const placement_options& opti
 /// 32.0 MiB + buffers 0.2 MiB); placement index 1: stage 1, layers [3,5)".
 result<void> check_memory(const placement& p);
 
+std::string to_string(shard_op op);
+std::string to_string(layer_part part);
+std::string to_string(reduce_algorithm a);
+/// "reduce layer 3 attention over [0,1] (direct, rank order)".
+std::string to_string(const shard_step& s);
 std::string to_string(exchange_kind k);
 /// "all-reduce after attention, layer 3, over [0,1,2]".
 std::string to_string(const exchange_step& s);

@@ -468,9 +468,132 @@ TEST_CASE("print-placement table: every index, spares last", "[placement]") {
   CHECK_THAT(text, Catch::Contains("send activations, stage 0 -> 1: [0] -> [2,3]"));
   CHECK_THAT(text, Catch::Contains("logits to session: [2,3] -> session (1024 B)"));
   CHECK_THAT(text, Catch::Contains("classifier [256,512)"));
+  CHECK_THAT(text, Catch::Contains("  0: embed to [0,1]; per layer of [0,3): compute attention (partial), reduce over "
+                                   "[0,1] (direct, rank order), compute ffn (partial), reduce; forward to [2,3]\n"));
+  CHECK_THAT(text, Catch::Contains("  3: per layer of [3,5): compute attention (partial), reduce over [2,3] (direct, "
+                                   "rank order), compute ffn (partial), reduce; classify rows [256,512)\n"));
   const auto rank3 = text.find("stage 1 / tp rank 1");
   const auto spare = text.find("\n4  ");
   REQUIRE(rank3 != std::string::npos);
   REQUIRE(spare != std::string::npos);
   CHECK(rank3 < spare);
+}
+
+// -- shard programs (issue #15): the steps each shard executes, as data --------
+
+TEST_CASE("programs: a pipeline stage computes its layers in one op and forwards", "[placement][program]") {
+  const auto p = must(place(stories260k(), make_nodes(3, host_profile()), {strategy_kind::pipeline}));
+  // layers [0,2), [2,4), [4,5)
+  const auto& s0 = p.shards[0].program;
+  REQUIRE(s0.size() == 3);
+  CHECK(s0[0].op == shard_op::embed);
+  CHECK(s0[0].peers == std::vector<int>{0});
+  CHECK(s0[1].op == shard_op::compute);
+  CHECK(s0[1].layers == p.shards[0].layers);
+  CHECK(s0[1].part == layer_part::both);
+  CHECK_FALSE(s0[1].partial);
+  CHECK(s0[2].op == shard_op::forward);
+  CHECK(s0[2].peers == std::vector<int>{1});
+  const auto& s1 = p.shards[1].program;
+  REQUIRE(s1.size() == 2);
+  CHECK(s1[0].op == shard_op::compute);
+  CHECK(s1[0].layers == p.shards[1].layers);
+  CHECK(s1[1].op == shard_op::forward);
+  CHECK(s1[1].peers == std::vector<int>{2});
+  const auto& s2 = p.shards[2].program;
+  REQUIRE(s2.size() == 2);
+  CHECK(s2[0].layers == range{4, 5});
+  CHECK(s2[1].op == shard_op::classify);
+  CHECK(s2[1].vocab == range{0, 512});
+  for (const auto& sh : p.shards) CHECK(check_program(sh, sh.program).ok());
+  // One node: embed, all layers, classify.
+  const auto one = must(place(stories260k(), make_nodes(1, host_profile()), {strategy_kind::pipeline}));
+  REQUIRE(one.shards[0].program.size() == 3);
+  CHECK(to_string(one.shards[0].program[1]) == "compute layers [0,5) attention+ffn");
+  CHECK(to_string(one.shards[0].program[2]) == "classify rows [0,512)");
+}
+
+TEST_CASE("programs: a TP group computes each layer half as a partial and reduces it in rank order",
+          "[placement][program]") {
+  const auto p = must(place(stories260k(), make_nodes(4, host_profile()), {strategy_kind::hybrid, 2, 2}));
+  // stage 0: [0,3) on 0,1; stage 1: [3,5) on 2,3
+  for (const auto& sh : p.shards) {
+    INFO("placement index " << sh.index);
+    const auto& prog = sh.program;
+    size_t i = 0;
+    if (sh.index == 0) {
+      REQUIRE(prog.at(0).op == shard_op::embed);
+      CHECK(prog[0].peers == std::vector<int>{0, 1});
+      i = 1;
+    }
+    const std::vector<int> group = sh.stage == 0 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    for (int l = sh.layers.begin; l < sh.layers.end; ++l)
+      for (layer_part part : {layer_part::attention, layer_part::ffn}) {
+        REQUIRE(i + 1 < prog.size());
+        CHECK(prog[i].op == shard_op::compute);
+        CHECK(prog[i].partial);
+        CHECK(prog[i].layers == range{l, l + 1});
+        CHECK(prog[i].part == part);
+        CHECK(prog[i + 1].op == shard_op::reduce);
+        CHECK(prog[i + 1].layers == range{l, l + 1});
+        CHECK(prog[i + 1].part == part);
+        CHECK(prog[i + 1].peers == group);
+        CHECK(prog[i + 1].algorithm == reduce_algorithm::direct_rank_order);
+        i += 2;
+      }
+    if (sh.index == 0) {
+      REQUIRE(i + 1 == prog.size());
+      CHECK(prog[i].op == shard_op::forward);
+      CHECK(prog[i].peers == std::vector<int>{2, 3});
+    } else if (sh.index == 1) {
+      CHECK(i == prog.size());  // rank 1 of a middle stage: rank 0 forwards
+    } else {
+      REQUIRE(i + 1 == prog.size());
+      CHECK(prog[i].op == shard_op::classify);
+      CHECK(prog[i].vocab == (sh.rank == 0 ? range{0, 256} : range{256, 512}));
+    }
+    CHECK(check_program(sh, prog).ok());
+  }
+  CHECK(shard_program(p, 4).message() == "placement index 4 names no shard (placement has 4 shards)");
+}
+
+TEST_CASE("programs: check_program refuses what the shard could not execute", "[placement][program]") {
+  const auto p = must(place(stories260k(), make_nodes(2, host_profile()), {strategy_kind::tensor}));
+  const shard& s0 = p.shards[0];  // embedding, layers [0,5), rank 0 of [0,1], vocab [0,256)
+  auto with = [&](auto edit) {
+    auto prog = s0.program;
+    edit(prog);
+    return check_program(s0, prog);
+  };
+  CHECK(with([](auto&) {}).ok());
+  // A layer skipped.
+  CHECK_THAT(with([](auto& v) { v.erase(v.begin() + 1, v.begin() + 5); }).message(),
+             Catch::Contains("op 1 (compute layers [1,2) attention (partial)): expected layers from 0"));
+  // A partial compute without its reduce.
+  CHECK_THAT(with([](auto& v) { v.erase(v.begin() + 2); }).message(),
+             Catch::Contains("must be followed by the reduce of the same layer half"));
+  // FFN before attention.
+  CHECK_THAT(with([](auto& v) { std::swap(v[1], v[3]); std::swap(v[2], v[4]); }).message(),
+             Catch::Contains("expected the attention half first"));
+  // A reduce over a group without the shard.
+  CHECK_THAT(with([](auto& v) { v[2].peers = {1, 2}; }).message(),
+             Catch::Contains("do not include the shard itself"));
+  // Another shard's vocabulary rows.
+  CHECK_THAT(with([](auto& v) { v.back().vocab = range{256, 512}; }).message(),
+             Catch::Contains("classify rows [256,512) differ from the shard's [0,256)"));
+  // The program stops early.
+  CHECK_THAT(with([](auto& v) { v.resize(v.size() - 3); }).message(),
+             Catch::Contains("ends before the shard's layers [0,5) are done"));
+  // Reserved ops are refused until a runtime executes them.
+  CHECK_THAT(with([](auto& v) {
+               shard_step d;
+               d.op = shard_op::dispatch;
+               v.insert(v.begin() + 1, d);
+             }).message(),
+             Catch::Contains("no runtime executes dispatch yet"));
+  // embed on a shard without the table.
+  const shard& s1 = p.shards[1];
+  auto prog1 = s1.program;
+  prog1.insert(prog1.begin(), s0.program.front());
+  CHECK_THAT(check_program(s1, prog1).message(), Catch::Contains("the shard holds no embedding table"));
 }
