@@ -1,5 +1,6 @@
 #include "actors/recovery.hpp"
 
+#include "topologies/replacement.hpp"
 
 #include "supervision/errors.hpp"
 #include "supervision/fault_hooks.hpp"
@@ -408,53 +409,25 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
   };
 }
 
-/// Where placement index `idx` starts now (rt.mu held): its node if healthy,
-/// else a spare, else the survivor with the most room. -1 with `why` set when
+/// Where placement index `idx` starts now (rt.mu held): the policy of
+/// topologies::choose_node over the runtime's view -- healthy, reachable and
+/// tried nodes, spares, current needs -- then its effects applied (spares
+/// taken, nodes found unreachable marked unhealthy). -1 with `why` set when
 /// there is none. Nodes in `tried` failed already.
 int choose_node(runtime_shared& rt, int idx, const std::set<int>& tried, std::string& why) {
-  auto usable = [&](int n) {
-    if (tried.count(n) || rt.unhealthy.count(n)) return false;
-    if (!rt.host->reachable(n)) {
-      rt.unhealthy.insert(n);
-      return false;
-    }
-    return true;
-  };
-  const int own = rt.node_of[idx];
-  if (usable(own)) return own;
-  while (!rt.spare_nodes.empty()) {
-    const int n = rt.spare_nodes.front();
-    rt.spare_nodes.pop_front();
-    if (usable(n)) return n;
-  }
-  // Re-placement over the survivors.
-  const auto& placed = rt.plan.shards[idx];
-  const uint64_t need = placed.memory.total();
-  std::map<int, uint64_t> used;  // by node: what the placement puts there now
-  for (size_t i = 0; i < rt.node_of.size(); ++i)
-    if (static_cast<int>(i) != idx) used[rt.node_of[i]] += rt.plan.shards[i].memory.total();
-  int best = -1;
-  uint64_t best_free = 0;
-  std::string room;
-  for (const auto& n : rt.host->nodes()) {
-    if (!usable(n.index)) continue;
-    const uint64_t budget = n.prof.memory_bytes;
-    const uint64_t u = used.count(n.index) ? used[n.index] : 0;
-    const uint64_t free = budget == 0 ? UINT64_MAX : (budget > u ? budget - u : 0);
-    room += (room.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.index) + " has " +
-            (budget == 0 ? std::string("no limit") : topologies::format_bytes(free) + " free of " +
-                                                      topologies::format_bytes(budget));
-    if (free >= need && (best < 0 || free > best_free)) {
-      best = n.index;
-      best_free = free;
-    }
-  }
-  if (best < 0)
-    why = "no spare node left for placement index " + std::to_string(idx) + " (node " + std::to_string(own) +
-          (rt.host->reachable(own) ? " answered no liveness probe" : " is unreachable") +
-          "), and no surviving node has room for it (needs " + topologies::format_bytes(need) +
-          "): " + (room.empty() ? "no healthy node left" : room);
-  return best;
+  topologies::replacement_input in;
+  in.index = idx;
+  in.node_of = rt.node_of;
+  for (size_t i = 0; i < rt.node_of.size(); ++i) in.need_of.push_back(rt.plan.shards[i].memory.total());
+  in.spares.assign(rt.spare_nodes.begin(), rt.spare_nodes.end());
+  for (const auto& n : rt.host->nodes())
+    in.nodes.push_back(topologies::candidate_node{n.index, n.prof.memory_bytes, rt.unhealthy.count(n.index) == 0,
+                                                  rt.host->reachable(n.index), tried.count(n.index) > 0});
+  const auto choice = topologies::choose_node(in);
+  for (int i = 0; i < choice.spares_taken && !rt.spare_nodes.empty(); ++i) rt.spare_nodes.pop_front();
+  for (int n : choice.unreachable) rt.unhealthy.insert(n);
+  if (choice.node < 0) why = choice.why;
+  return choice.node;
 }
 
 }  // namespace
