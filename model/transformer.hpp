@@ -71,8 +71,9 @@ struct matrix {
 
 /// out[rows] = m · x[cols] with the backend's f32, q8 or typed kernel;
 /// `mode` applies to typed matrices and to q8_0/q4_0 quantized at load (those
-/// go through the backend's typed slot under ggml); an f32 view always
-/// multiplies exactly.
+/// go through the backend's typed slot under ggml when cols is a multiple of
+/// 32, the typed slot's block rule; otherwise the q8/q4 slot multiplies them
+/// exactly); an f32 view always multiplies exactly.
 void matvec(const kernels::backend& be, float* out, const matrix& m, const float* x,
             kernels::matmul_mode mode = kernels::matmul_mode::exact);
 
