@@ -65,3 +65,40 @@ TEST_CASE("a corrupted blob fails its checksum", "[actors][blob]") {
   CHECK(actors::blob::decode(bytes).status == 2);
   CHECK(actors::blob::decode({}).status == 2);
 }
+
+TEST_CASE("a shard program op round-trips through its wire form and unknown values are refused", "[actors][program]") {
+  caf::actor_system_config cfg;
+  actors::register_messages(cfg);
+  caf::actor_system sys{cfg};
+  topologies::shard_step r;
+  r.op = topologies::shard_op::reduce;
+  r.layers = {3, 4};
+  r.part = topologies::layer_part::ffn;
+  r.partial = false;
+  r.algorithm = topologies::reduce_algorithm::direct_rank_order;
+  r.peers = {4, 5, 6};
+  actors::wiring w;
+  w.group_index = {4, 5, 6};
+  w.program = {actors::to_wire(r)};
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  REQUIRE_FALSE(sink(w));
+  actors::wiring back;
+  caf::binary_deserializer source{sys, buf};
+  REQUIRE_FALSE(source(back));
+  REQUIRE(back.program.size() == 1u);
+  CHECK(back.group_index == std::vector<int32_t>{4, 5, 6});
+  auto s = actors::from_wire(back.program[0]);
+  REQUIRE(s.ok());
+  CHECK(s->op == topologies::shard_op::reduce);
+  CHECK(s->layers == topologies::range{3, 4});
+  CHECK(s->part == topologies::layer_part::ffn);
+  CHECK(s->peers == std::vector<int>{4, 5, 6});
+  CHECK(topologies::to_string(*s) == "reduce layer 3 ffn over [4,5,6] (direct, rank order)");
+  auto bad = back.program[0];
+  bad.op = 99;
+  CHECK(actors::from_wire(bad).message() == "program op 99 unknown to this build (0..6)");
+  bad = back.program[0];
+  bad.algorithm = 7;
+  CHECK(actors::from_wire(bad).message() == "reduce algorithm 7 unknown to this build");
+}
