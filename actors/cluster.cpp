@@ -317,6 +317,7 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.resumed_journal = extra.resumed_journal;
   spec.model_path = absolute_file(im.file->path());
   spec.tokenizer_path = absolute_file(im.tok->name());
+  spec.ctx = im.opts.ctx;
   spec.on_logits = extra.on_logits;
   if (on_token) spec.on_token = [id, on_token](int t, const std::string& p) { on_token(id, t, p); };
   impl* self = impl_.get();

@@ -1,5 +1,8 @@
 #include "actors/local_daemons.hpp"
 
+#include "base/parse.hpp"
+#include "base/spawn.hpp"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -9,8 +12,6 @@
 #include <fstream>
 #include <poll.h>
 #include <sstream>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -111,10 +112,6 @@ result<void> local_daemons::launch(int i) {
   if (!opts_.profile.empty()) args.insert(args.end(), {"--profile", opts_.profile});
   if (!opts_.memory.empty()) args.insert(args.end(), {"--memory", opts_.memory});
   args.insert(args.end(), opts_.extra_args.begin(), opts_.extra_args.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-
   p.err_path = log_dir_ + "/node-" + std::to_string(i) + ".err";
   const std::string who = "local daemon " + std::to_string(i);
   int out[2];
@@ -127,24 +124,8 @@ result<void> local_daemons::launch(int i) {
       if (fd >= 0) ::close(fd);
     return make_error(who + ": " + p.err_path + ": " + why);
   }
-  const pid_t parent = ::getpid();
-  const long max_fd = ::sysconf(_SC_OPEN_MAX);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // Child: async-signal-safe calls only until execv.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) _exit(126);  // the parent died before prctl
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::dup2(null_in, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err, 2);
-    if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
-      for (long fd = 3; fd < (max_fd > 0 ? max_fd : 4096); ++fd) ::close(static_cast<int>(fd));
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  // Parent-death kill, signal mask cleared, every other descriptor closed (base/spawn.hpp).
+  const pid_t pid = spawn_child(args, null_in, out[1], err);
   const int fork_errno = errno;
   ::close(out[1]);
   ::close(err);
@@ -200,7 +181,7 @@ result<void> local_daemons::launch(int i) {
   const auto colon = line.rfind(':');
   int port = 0;
   if (line.compare(0, prefix.size(), prefix) == 0 && colon != std::string::npos)
-    port = std::atoi(line.c_str() + colon + 1);
+    port = parse_uint<int>(std::string_view(line).substr(colon + 1)).value_or(0);  // base/parse.hpp
   if (port <= 0 || port > 65535) {
     stop_one(p);
     return make_error(who + ": first line '" + line + "' is not 'listening HOST:PORT'");
@@ -262,7 +243,8 @@ result<void> local_daemons::write_cluster_file(const std::string& path) const {
   s << "]}\n";
   std::ofstream out(path);
   out << s.str();
-  if (!out) return make_error(path + ": cannot write the cluster file");
+  out.close();
+  if (!out) return make_error(path + ": cannot write the cluster file: " + std::strerror(errno));
   return {};
 }
 

@@ -17,10 +17,11 @@
 // SIGKILL, so they die with the thread that started them if this process is
 // killed before the destructor runs; start() and restart() must therefore be
 // called from a thread that outlives the daemons (the main thread).
-// After fork() the child only makes async-signal-safe calls (dup2, close,
-// prctl, execv), so starting daemons while CAF threads run is safe; it
-// closes every inherited descriptor above 2 (close_range), so a daemon does
-// not keep the front end's sockets open.
+// Each daemon is started by base/spawn.hpp's spawn_child: after fork() the
+// child only makes async-signal-safe calls (prctl, dup2, close, execv), so
+// starting daemons while CAF threads run is safe; it closes every inherited
+// descriptor above 2 (close_range), so a daemon does not keep the front end's
+// sockets open.
 //
 // Thread safety: signal() (kill/freeze/thaw) and pid() may be called from
 // any thread, e.g. from a token callback (they only call ::kill, no wait);

@@ -403,6 +403,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
       h.tokenizer_path = st.spec.tokenizer_path;
       h.tokenizer_digest = st.spec.tokenizer_digest;
       h.prompt_tokens = st.prompt;
+      h.ctx = st.spec.ctx;
       w = model::journal_writer::create(st.spec.journal, h);
     }
     if (w) st.journal = std::move(*w);

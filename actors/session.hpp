@@ -89,6 +89,7 @@ struct session_spec {
   std::string model_name, tokenizer_name;
   std::string model_path, tokenizer_path;  // absolute; empty for a built-in model
   uint64_t model_digest = 0, tokenizer_digest = 0;
+  int ctx = 0;  // cluster_options::ctx (0: the file's context length)
   /// Resume: the ids a killed front end already produced (BOS first) and the
   /// RNG state after the last of them. They are prefilled like a prompt (not
   /// reported again) and generation continues from there.

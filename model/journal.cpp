@@ -21,7 +21,7 @@ std::string entry_text(const journal_entry& e) {
 }
 
 nlohmann::json header_json(const journal_header& h) {
-  return {{"journal", journal_version},
+  nlohmann::json j = {{"journal", journal_version},
           {"steps", h.steps},
           {"temperature", h.temperature},
           {"topp", h.topp},
@@ -33,6 +33,8 @@ nlohmann::json header_json(const journal_header& h) {
           {"tokenizer_path", h.tokenizer_path},
           {"tokenizer_digest", format_digest(h.tokenizer_digest)},
           {"prompt_tokens", h.prompt_tokens}};
+  if (h.ctx > 0) j["ctx"] = h.ctx;
+  return j;
 }
 
 bool parse_hex(const std::string& s, uint64_t& v) {
@@ -163,6 +165,12 @@ result<journal> parse_journal(std::string_view text, const std::string& name) {
           if (!r) return r.err();
           if (!parse_hex(hex, *dst))
             return make_error(where + "field \"" + key + "\" is \"" + hex + "\", expected \"0x\" and 16 hex digits");
+        }
+        if (auto c = j.find("ctx"); c != j.end()) {
+          if (!c->is_number_integer() || c->get<int64_t>() < 1 || c->get<int64_t>() > INT32_MAX)
+            return make_error(where + "field \"ctx\" is " + c->dump() +
+                              ", expected the context length the run used (an integer >= 1)");
+          h.ctx = c->get<int>();
         }
         auto pt = field("prompt_tokens");
         if (!pt) return pt.err();

@@ -44,6 +44,10 @@ struct journal_header {
   std::string tokenizer, tokenizer_path;
   uint64_t tokenizer_digest = 0;
   std::vector<int> prompt_tokens;  // BOS first
+  /// The context length the run opened the model with (--ctx; 0 = the
+  /// file's). Written only when > 0, so journals written before the field
+  /// existed (and runs without --ctx) keep their header and digest.
+  int ctx = 0;
 };
 
 struct journal_entry {

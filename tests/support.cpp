@@ -1,5 +1,7 @@
 #include "tests/support.hpp"
 
+#include "base/spawn.hpp"
+
 #include <cstring>
 
 #include <cerrno>
@@ -7,12 +9,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <fcntl.h>
 #include <poll.h>
 #include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 namespace cellshard::test {
 
@@ -41,6 +46,35 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  INFO(path);
+  REQUIRE(out.good());
+}
+
+std::vector<reference_run> gguf_reference_runs(const std::string& model, const std::string& dir) {
+  std::vector<reference_run> runs;
+  const std::string path = shared_file("models/gguf/gguf-small-reference-ids.json");
+  if (path.empty()) return runs;
+  const auto ref = nlohmann::json::parse(read_file(path));
+  for (const auto& r : ref.at("runs")) {
+    if (r.at("model") != model) continue;
+    reference_run rr;
+    rr.prompt = r.at("prompt").get<std::string>();
+    rr.ids = r.at("prompt_ids").get<std::vector<int>>();
+    const auto gen = r.at("generated_ids").get<std::vector<int>>();
+    rr.ids.insert(rr.ids.end(), gen.begin(), gen.end());
+    std::string line;
+    for (int id : rr.ids) line += (line.empty() ? "" : ",") + std::to_string(id);
+    rr.ids_file = dir + "/" + model + "-" + std::to_string(runs.size()) + ".ids";
+    write_file(rr.ids_file, line + "\n");
+    runs.push_back(std::move(rr));
+  }
+  return runs;
 }
 
 std::vector<int> read_ids(const std::string& path) {
@@ -78,21 +112,15 @@ std::string temp_dir(const std::string& name) {
 command_result run_command(const std::vector<std::string>& args, double timeout_s) {
   command_result r;
   int out_pipe[2], err_pipe[2];
-  if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) return r;
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out_pipe[1], 1);
-    ::dup2(err_pipe[1], 2);
-    ::close(out_pipe[0]);
-    ::close(err_pipe[0]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return r;
+  const pid_t pid = spawn_child(args, -1, out_pipe[1], err_pipe[1]);  // base/spawn.hpp
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
+  if (pid < 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    return r;
+  }
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
   pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};

@@ -21,6 +21,21 @@ bool have_shared();
 /// Reads a fixture .ids file: comma-separated ids on one line.
 std::vector<int> read_ids(const std::string& path);
 std::string read_file(const std::string& path);
+/// Writes `text` to `path` (REQUIREs that every byte was written).
+void write_file(const std::string& path, const std::string& text);
+
+/// llama.cpp's greedy runs of one model in
+/// models/gguf/gguf-small-reference-ids.json (generation without an EOS
+/// stop): the prompt text and the whole id sequence (the prompt's ids, BOS
+/// first, then the generated ids); `ids_file` is that sequence written as a
+/// fixture .ids line under `dir` (for --expect-ids). Empty when ../shared is
+/// missing.
+struct reference_run {
+  std::string prompt;
+  std::vector<int> ids;
+  std::string ids_file;
+};
+std::vector<reference_run> gguf_reference_runs(const std::string& model, const std::string& dir);
 
 /// Little-endian fields of the project's file formats (docs/formats.md),
 /// whatever the host's byte order: tests that patch or read a file's bytes

@@ -18,6 +18,7 @@
 #include "actors/local_daemons.hpp"
 #include "base/percentile.hpp"
 #include "actors/run_report.hpp"
+#include "base/spawn.hpp"
 #include "tools/bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
@@ -59,17 +60,7 @@ std::string self_exe() {
 
 /// Runs argv to completion (stdout/stderr to /dev/null) within `timeout_s`.
 int run_quiet(const std::vector<std::string>& args, double timeout_s) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int dn = ::open("/dev/null", O_WRONLY);
-    ::dup2(dn, 1);
-    ::dup2(dn, 2);
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const pid_t pid = spawn_child(args);  // stdin, stdout, stderr on /dev/null (base/spawn.hpp)
   if (pid < 0) return -1;
   const auto until = clk::now() + std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
   int status = 0;
@@ -246,13 +237,8 @@ int run_net_bench(const net_bench_options& o, std::vector<bench_row>& rows) {
     if (!::mkdtemp(tmpl)) throw cli_error("bench net: cannot make a temporary folder");
     pki = tmpl;
     const std::string ossl = "/usr/bin/openssl";
-    {
-      std::FILE* f = std::fopen((pki + "/leaf.ext").c_str(), "w");
-      if (f) {
-        std::fputs("basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1\n", f);
-        std::fclose(f);
-      }
-    }
+    write_text(pki + "/leaf.ext",
+               "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1\n");
     auto ec = std::vector<std::string>{"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"};
     auto req = [&](std::vector<std::string> a) {
       a.insert(a.begin() + 2, ec.begin(), ec.end());

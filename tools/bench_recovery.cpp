@@ -11,6 +11,7 @@
 #include "actors/remote.hpp"
 #include "supervision/fault_plan.hpp"
 #include "base/percentile.hpp"
+#include "base/spawn.hpp"
 #include "tools/bench.hpp"
 #include "tools/common.hpp"
 #include "actors/local_daemons.hpp"
@@ -277,8 +278,9 @@ double median_of(std::vector<double> v) { return v.empty() ? -1 : median(std::mo
 
 /// Token times (ms since t0) of a trace: one "token t_ms" line per token.
 void write_series(const std::string& path, const process_trace& t) {
-  std::ofstream f(path);
+  std::ostringstream f;
   for (size_t i = 0; i < t.token_ns.size(); ++i) f << (i + 1) << " " << (t.token_ns[i] - t.t0_ns) / 1e6 << "\n";
+  write_text(path, f.str());  // checked: throws naming the file
 }
 
 /// recovery_timeline.png: tokens delivered against time, one panel for the
@@ -325,7 +327,7 @@ void plot_timeline(const std::string& dir, const process_trace& base, const std:
   }
   gp << "unset multiplot\n";
   const std::string script = dir + "/recovery_timeline.gp";
-  std::ofstream(script) << gp.str();
+  write_text(script, gp.str());
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
   if (std::system(cmd.c_str()) != 0)
     std::fprintf(stderr, "warning: gnuplot failed for %s (is gnuplot installed? scripts/install-deps.sh)\n",
@@ -427,8 +429,8 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
   }
 
   // Issue #20: busy nodes are not dead. The same generation, fault-free,
-  // while a busy loop runs on every core (children of this process, each
-  // ending itself after 300 s at the latest and killed when the run ends):
+  // while a busy loop runs on every core (children of this process, killed
+  // when the run ends, or when this process dies):
   // every restart in it is a false one.
   std::vector<int> false_restarts;
   std::vector<int> cleared;
@@ -439,12 +441,9 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
                    cores);
       std::vector<pid_t> loops;
       for (long c = 0; c < cores; ++c) {
-        const pid_t pid = ::fork();
-        if (pid == 0) {
-          ::alarm(300);
-          volatile unsigned long x = 0;
-          for (;;) x = x + 1;
-        }
+        // A shell's empty loop, killed after the run, or with this process
+        // at once (base/spawn.hpp's parent-death kill).
+        const pid_t pid = spawn_child({"/bin/sh", "-c", "while :; do :; done"});
         if (pid > 0) loops.push_back(pid);
       }
       process_trace t = run_over_daemons(d, lm, o, gp, "", -1);
@@ -533,7 +532,7 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
 
   // Timeline data (every trace) and the plot of the first crash and freeze.
   {
-    std::ofstream csv(o.out + "/recovery_timeline.csv");
+    std::ostringstream csv;
     csv << "run,fault,token,t_ms\n";
     auto dump = [&](const std::string& run, const process_trace& t) {
       for (size_t i = 0; i < t.token_ns.size(); ++i)
@@ -541,7 +540,8 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
     };
     dump("baseline", base);
     for (size_t i = 0; i < traces.size(); ++i) dump(std::to_string(i / 2 + 1), traces[i]);
-    std::ofstream marks(o.out + "/recovery_marks.csv");
+    write_text(o.out + "/recovery_timeline.csv", csv.str());
+    std::ostringstream marks;
     marks << "run,fault,event,t_ms\n";
     for (size_t i = 0; i < traces.size(); ++i) {
       const auto& t = traces[i];
@@ -551,6 +551,7 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
       if (t.decided_ns > 0) marks << run << "decision," << (t.decided_ns - t.t0_ns) / 1e6 << "\n";
       if (t.stall_ms >= 0) marks << run << "first_token_after," << (t.fired_ns - t.t0_ns) / 1e6 + t.stall_ms << "\n";
     }
+    write_text(o.out + "/recovery_marks.csv", marks.str());
   }
   if (o.plot && traces.size() >= 2 && traces[0].fired_ns > 0 && traces[1].fired_ns > 0) {
     const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);

@@ -7,6 +7,7 @@
 //
 // Files: ca.pem, ca.key (keep it off the nodes), node.pem, node.key,
 // client.pem, client.key. Keys are written 0600.
+#include "base/spawn.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
@@ -33,21 +34,11 @@ struct certs_opts {
 
 /// Runs a program (no shell) with its stdout/stderr to /dev/null; returns its
 /// exit status, or -1 when it could not run.
-int run_quiet(const std::vector<std::string>& args) {
-  const pid_t pid = fork();
+int run_quiet(std::vector<std::string> args) {
+  args[0] = find_program(args[0]);  // the PATH search execvp would do
+  if (args[0].empty()) return -1;
+  const pid_t pid = spawn_child(args);  // stdin, stdout, stderr on /dev/null (base/spawn.hpp)
   if (pid < 0) return -1;
-  if (pid == 0) {
-    std::FILE* null = std::fopen("/dev/null", "w");
-    if (null) {
-      dup2(fileno(null), 1);
-      dup2(fileno(null), 2);
-    }
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    _exit(127);
-  }
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -64,6 +64,7 @@ struct chaos_opts {
   int nodes = 4, spares = 2;
   int step_timeout_min_ms = 500, step_timeout_max_ms = 30000;
   int deadline_s = 120;
+  int ctx = 0;                       // --ctx (0: the file's context length)
   std::vector<std::string> kinds;    // kinds to draw from ("" = all available)
   // Node daemons.
   std::string cluster;               // --cluster FILE
@@ -135,12 +136,13 @@ struct fired_external {
 };
 
 int do_chaos(const chaos_opts& o) {
-  loaded_model lm = load_model(o.model, o.tokenizer);
+  loaded_model lm = load_model(o.model, o.tokenizer, false, o.ctx);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
   const bool daemons_mode = o.processes > 0 || !o.cluster.empty();
   actors::cluster_options base;
   base.file = lm.file;
   base.tok = lm.tok;
+  base.ctx = o.ctx;
   base.nodes = o.nodes;
   base.spares = o.spares;
   base.topology = o.topology;
@@ -383,6 +385,7 @@ void add_chaos(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand("chaos", "runs with random fault plans, each checked against a fault-free run");
   cmd->add_option("-m,--model", o->model, "model (default lookup as run)");
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer");
+  cmd->add_option("--ctx", o->ctx, "context length N instead of the file's (as run --ctx)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("-i,--prompt", o->prompt, "prompt");
   cmd->add_option("-n,--steps", o->steps, "positions per run")->capture_default_str();
   cmd->add_option("-t,--temperature", o->temperature, "temperature")->capture_default_str();

@@ -9,7 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -47,7 +49,8 @@ void add_quantize(CLI::App& app, int& status) {
       if (!img) throw cli_error(img.message());
       std::ofstream f(o->out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(img->data()), static_cast<std::streamsize>(img->size()));
-      if (!f) throw cli_error(o->out + ": write failed");
+      f.close();  // the last bytes reach the file here
+      if (!f) throw cli_error(o->out + ": write failed: " + std::strerror(errno));
       n = static_cast<uint64_t>(img->size());
     } else {
       if (o->type != "q8_0")

@@ -257,7 +257,7 @@ void check_fault_steps(const std::vector<supervision::fault_plan>& faults, int s
                       2);
 }
 
-int do_run(const run_opts& o) {
+int do_run(run_opts o) {
   if (o.demo) return do_demo(o);
   const kernels::backend* be = &apply_kernel_flags(o.cf);
   auto fmt = model::parse_weight_format(o.cf.weights);
@@ -286,6 +286,14 @@ int do_run(const run_opts& o) {
       model_path = h.model_path;
       if (tokenizer_path.empty()) tokenizer_path = h.tokenizer_path;
     }
+    // The context length the run opened the model with (--ctx): the model's
+    // seq_len, hence the steps the journal may hold, depends on it.
+    if (o.cf.ctx > 0 && o.cf.ctx != h.ctx)
+      throw cli_error("--resume " + o.resume + ": --ctx " + std::to_string(o.cf.ctx) + " conflicts with the journal's " +
+                          (h.ctx > 0 ? "--ctx " + std::to_string(h.ctx) : "context length (the file's own, no --ctx)") +
+                          "; drop --ctx (the journal's value is used) or start a new run",
+                      2);
+    o.cf.ctx = h.ctx;
   }
   if (!o.journal.empty() && o.journal != o.resume) {
     // Fail before anything starts when the journal cannot be created.
@@ -308,7 +316,7 @@ int do_run(const run_opts& o) {
                       " (--expect-digest, XXH64 of the whole file): the file is corrupt or another version");
   }
   const kernels::matmul_mode matmul = matmul_of(o.cf, lm);
-  if (o.steps > lm.file->cfg().seq_len)
+  if (o.steps > lm.file->cfg().seq_len && (!resumed || o.steps_given))  // a resume takes the journal's steps
     std::fprintf(stderr, "warning: -n %d is above the context length %d; clamped to %d%s\n", o.steps,
                  lm.file->cfg().seq_len, lm.file->cfg().seq_len,
                  lm.file->gguf() ? " (--ctx N sets another context length)" : "");
@@ -568,7 +576,7 @@ void add_run(CLI::App& app, int& status) {
                                   "record the token log, RNG state and sampling parameters to FILE as the run goes"),
                   cmd->add_option("--resume", o->resume,
                                   "continue the run journaled in FILE: reopens the model and tokenizer it names (-m/-z "
-                                  "optional; their digests must match); -n/-t/-p/-s/-i, if given, must agree with it")})
+                                  "optional; their digests must match); -n/-t/-p/-s/-i/--ctx, if given, must agree with it")})
     set.runtime.push_back(f->group(g));
   cmd->callback([o, cmd, set, &status] {
     check_cluster_flags(cmd, set, o->cf);

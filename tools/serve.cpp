@@ -5,6 +5,7 @@
 // (actors/local_daemons.hpp) whose processes the page can kill and freeze.
 #include "serve/server.hpp"
 #include "supervision/fault_plan.hpp"
+#include "base/parse.hpp"
 #include "tools/cluster_flags.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
@@ -42,13 +43,10 @@ int do_serve(serve_opts o) {
   serve::server_options so;
   so.host = o.listen.substr(0, colon);
   if (so.host.size() > 2 && so.host.front() == '[' && so.host.back() == ']') so.host = so.host.substr(1, so.host.size() - 2);
-  try {
-    size_t used = 0;
-    so.port = std::stoi(o.listen.substr(colon + 1), &used);
-    if (used != o.listen.size() - colon - 1 || so.port < 0 || so.port > 65535) throw std::out_of_range("port");
-  } catch (const std::exception&) {
+  const auto port = parse_uint<int>(std::string_view(o.listen).substr(colon + 1));  // base/parse.hpp
+  if (!port || *port > 65535)
     throw cli_error("--listen: port '" + o.listen.substr(colon + 1) + "' is not in 0..65535", 2);
-  }
+  so.port = *port;
   if (o.max_sessions < 1) throw cli_error("--max-sessions: need at least 1", 2);
   if (o.tls_cert.empty() != o.tls_key.empty()) throw cli_error("--tls-cert and --tls-key go together (HTTPS)", 2);
 

@@ -36,6 +36,7 @@ struct sweep_opts {
   std::vector<std::string> links = {"none"};
   std::vector<int> batches = {1};
   bool no_plots = false;
+  int ctx = 0;  // --ctx (0: the file's context length)
 };
 
 void progress(int done, int total, const std::string& what) {
@@ -69,7 +70,7 @@ void plot(const std::string& dir, const std::string& name, const std::string& ti
   }
   gp << "\n";
   const std::string script = dir + "/" + name + ".gp";
-  std::ofstream(script) << gp.str();
+  write_text(script, gp.str());
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
   if (std::system(cmd.c_str()) != 0)
     std::fprintf(stderr, "warning: gnuplot failed for %s (is gnuplot installed? scripts/install-deps.sh)\n",
@@ -77,7 +78,7 @@ void plot(const std::string& dir, const std::string& name, const std::string& ti
 }
 
 int do_sweep(const sweep_opts& o) {
-  loaded_model lm = load_model(o.model, o.tokenizer);
+  loaded_model lm = load_model(o.model, o.tokenizer, false, o.ctx);
   const auto& mc = lm.file->cfg();
   if (::mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST)
     throw cli_error(o.out + ": cannot create: " + std::strerror(errno));
@@ -108,6 +109,7 @@ int do_sweep(const sweep_opts& o) {
           actors::cluster_options co;
           co.file = lm.file;
           co.tok = lm.tok;
+          co.ctx = o.ctx;
           co.nodes = n;
           co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n) : topo;
           co.profile = o.profile;
@@ -151,9 +153,12 @@ int do_sweep(const sweep_opts& o) {
               << tokens / wall << "," << share << "," << static_cast<double>(link_bytes) / std::max(1, tokens)
               << "\n";
           csv.flush();
+          if (!csv) throw cli_error(o.out + "/sweep.csv: write failed: " + std::strerror(errno));
         }
       }
   progress(total, total, "done");
+  csv.close();
+  if (!csv) throw cli_error(o.out + "/sweep.csv: write failed: " + std::strerror(errno));
   if (!skipped.empty()) {
     std::fprintf(stderr, "skipped %zu point(s) the model cannot be split into:\n", skipped.size());
     for (auto& s : skipped) std::fprintf(stderr, "  %s\n", s.c_str());
@@ -175,6 +180,7 @@ void add_sweep(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand("sweep", "a grid of runs (nodes x topology x link x batch) to CSV and plots");
   cmd->add_option("-m,--model", o->model, "model (default lookup as run)");
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer");
+  cmd->add_option("--ctx", o->ctx, "context length N instead of the file's (as run --ctx)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("-i,--prompt", o->prompt, "prompt");
   cmd->add_option("-n,--steps", o->steps, "positions per run")->capture_default_str();
   cmd->add_option("-t,--temperature", o->temperature, "temperature")->capture_default_str();

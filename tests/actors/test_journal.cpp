@@ -1,6 +1,7 @@
 // Session journal and resume (issue #7): a front end killed mid-generation
 // (SIGKILL, paced with a `slow` fault so that "mid-generation" is certain)
 // is resumed from its journal and produces the same remaining tokens.
+#include "base/spawn.hpp"
 #include "tests/support.hpp"
 
 #include <csignal>
@@ -18,20 +19,10 @@ namespace {
 /// Starts argv with stdout on a pipe; returns the pid and the read end.
 std::pair<pid_t, int> spawn(const std::vector<std::string>& args) {
   int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fds[1], 1);
-    int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 2);
-    ::close(fds[0]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+  const pid_t pid = spawn_child(args, -1, fds[1], -1);  // stderr to /dev/null (base/spawn.hpp)
   ::close(fds[1]);
+  REQUIRE(pid > 0);
   return {pid, fds[0]};
 }
 
@@ -51,17 +42,21 @@ std::string read_at_least(int fd, size_t bytes, std::chrono::seconds deadline) {
 }
 }  // namespace
 
-TEST_CASE("a killed front end resumed from its journal reproduces the fixture", "[journal]") {
-  if (!test::have_shared()) return;
-  const std::string dir = test::temp_dir("journal");
+namespace {
+/// Runs the topp fixture with `model` flags on 2 in-process nodes, paced,
+/// journaling; kills it after ~60 tokens; resumes with `resume_model` flags
+/// and checks the rest of the text and the whole ids.
+void kill_and_resume(const std::string& name, const std::vector<std::string>& model,
+                     const std::vector<std::string>& resume_model) {
+  const std::string dir = test::temp_dir(name);
   const std::string journal = dir + "/run.jsonl";
-  const std::string m = test::shared_file("models/stories260K.bin");
-  const std::string z = test::shared_file("models/tok512.bin");
   const std::string fixture = "topp_t1.0_p0.9_s133742_n256";
   // 20 ms per step on node 1 from position 0 on: the run takes ~5 s.
-  auto [pid, fd] = spawn({test::cellshard_bin(), "run", "-m", m, "-z", z, "-t", "1.0", "-p", "0.9", "-s", "133742",
-                          "-n", "256", "--nodes", "2", "--fault", "slow:node=1:step=0:ms=20",
-                          "--journal", journal});
+  std::vector<std::string> first = {test::cellshard_bin(), "run"};
+  first.insert(first.end(), model.begin(), model.end());
+  first.insert(first.end(), {"-t", "1.0", "-p", "0.9", "-s", "133742", "-n", "256", "--nodes", "2", "--fault",
+                             "slow:node=1:step=0:ms=20", "--journal", journal});
+  auto [pid, fd] = spawn(first);
   // Wait for ~60 tokens of text on stdout, then kill the front end.
   const std::string seen = read_at_least(fd, 250, std::chrono::seconds(60));
   ::kill(pid, SIGKILL);
@@ -73,14 +68,44 @@ TEST_CASE("a killed front end resumed from its journal reproduces the fixture", 
   const std::string text = test::read_file(test::shared_file("fixtures/" + fixture + ".txt"));
   CHECK(text.substr(0, seen.size()) == seen);  // what it printed so far was right
 
-  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "--nodes", "2", "--resume", journal,
-                              "--expect-ids", test::shared_file("fixtures/" + fixture + ".ids")});
+  std::vector<std::string> again = {test::cellshard_bin(), "run"};
+  again.insert(again.end(), resume_model.begin(), resume_model.end());
+  again.insert(again.end(),
+               {"--nodes", "2", "--resume", journal, "--expect-ids", test::shared_file("fixtures/" + fixture + ".ids")});
+  auto r = test::run_command(again);
   INFO(r.err);
   CHECK(r.status == 0);
   CHECK_THAT(r.err, Catch::Contains("resuming"));
   // The resumed run printed exactly the rest of the text.
   REQUIRE(r.out.size() < text.size());
   CHECK(text.substr(text.size() - r.out.size()) == r.out);
+}
+}  // namespace
+
+TEST_CASE("a killed front end resumed from its journal reproduces the fixture", "[journal]") {
+  if (!test::have_shared()) return;
+  const std::vector<std::string> mz = {"-m", test::shared_file("models/stories260K.bin"), "-z",
+                                       test::shared_file("models/tok512.bin")};
+  kill_and_resume("journal", mz, mz);
+}
+
+TEST_CASE("gguf: a killed front end resumed from its journal alone reproduces the fixture", "[journal][gguf]") {
+  // Issue #16: journal and resume on a GGUF model. The journal names the
+  // model (its own tokenizer) and the --ctx it ran with, so --resume needs
+  // neither -m nor --ctx; a --ctx that disagrees is refused.
+  if (!test::have_shared()) return;
+  const std::string g = test::shared_file("models/gguf/stories260K.gguf");
+  kill_and_resume("journal-gguf", {"-m", g, "--ctx", "512"}, {});
+  const std::string dir = test::temp_dir("journal-gguf-ctx");
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", g, "--ctx", "512", "-n", "20", "-t", "0",
+                              "--nodes", "2", "-q", "--journal", dir + "/j.jsonl"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(test::read_file(dir + "/j.jsonl"), Catch::Contains("\"ctx\":512"));
+  auto bad = test::run_command({test::cellshard_bin(), "run", "--ctx", "256", "--nodes", "2", "-q", "--resume",
+                                dir + "/j.jsonl"});
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--ctx 256 conflicts with the journal's --ctx 512"));
 }
 
 TEST_CASE("a journal names its model: resuming on another model or tokenizer is refused", "[journal]") {

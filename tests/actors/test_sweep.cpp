@@ -40,3 +40,26 @@ TEST_CASE("a small sweep writes the CSV and the plots", "[sweep]") {
     CHECK(test::read_file(dir + "/" + png + ".png").substr(1, 3) == "PNG");
   }
 }
+
+TEST_CASE("gguf: a sweep over stories260K.gguf", "[sweep][gguf]") {
+  // Issue #16: sweep runs a GGUF model (its own tokenizer, --ctx) as a .bin.
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("sweep-gguf") + "/out";
+  auto r = test::run_command({test::cellshard_bin(), "sweep", "-m", test::shared_file("models/gguf/stories260K.gguf"),
+                              "--ctx", "512", "-n", "40", "--nodes", "2,4", "--topology", "pipeline,tensor",
+                              "--out", dir, "--no-plots"},
+                             180);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  std::istringstream csv(test::read_file(dir + "/sweep.csv"));
+  std::string header, line;
+  std::getline(csv, header);
+  int rows = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    INFO(line);
+    CHECK_THAT(line, Catch::StartsWith("stories260K.gguf,"));
+    CHECK(std::count(line.begin(), line.end(), ',') == 12);
+  }
+  CHECK(rows == 4);
+}

@@ -14,3 +14,18 @@ check_folder(base "caf/|model/|kernels/|topologies/|supervision/|actors/" "base/
 check_folder(kernels "caf/|model/|topologies/|supervision/|actors/" "kernels/ is the bottom layer")
 check_folder(model "caf/|topologies/|supervision/|actors/" "model/ knows nothing of CAF or topologies")
 check_folder(supervision "model/|topologies/|actors/|kernels/" "supervision/ knows nothing of models")
+
+# One launcher: every child process is started by base/spawn.hpp's
+# spawn_child (parent-death kill, descriptors closed); no other fork/exec.
+file(GLOB_RECURSE sources ${SOURCE_DIR}/*.cpp ${SOURCE_DIR}/*.hpp)
+foreach(f IN LISTS sources)
+  if(f MATCHES "/build[^/]*/|/base/spawn.hpp$|/fuzz/")
+    continue()
+  endif()
+  file(STRINGS ${f} hits REGEX "(^|[^a-z_])(fork|vfork|execv|execvp|execve|posix_spawn)[ \t]*\\(")
+  foreach(line IN LISTS hits)
+    if(NOT line MATCHES "^[ \t]*//")  # a comment may name them
+      message(SEND_ERROR "${f}: starts a process itself; use spawn_child (base/spawn.hpp): ${line}")
+    endif()
+  endforeach()
+endforeach()

@@ -94,6 +94,30 @@ TEST_CASE("a finished run's journal holds positions up to its steps, and no furt
   CHECK_THAT(over.message(), Catch::Contains("done.jsonl: line 5: position 4 is beyond the journal's 3 steps"));
 }
 
+TEST_CASE("a journal carries the run's --ctx, and only when it was given", "[journal][unit]") {
+  model::journal_header h = sample_header();
+  uint64_t d0 = 0, d1 = 0;
+  const std::string plain = model::journal_header_line(h, &d0);
+  CHECK_THAT(plain, !Catch::Contains("\"ctx\""));  // the header of a run without --ctx is unchanged
+  h.ctx = 512;
+  const std::string with = model::journal_header_line(h, &d1);
+  CHECK_THAT(with, Catch::Contains("\"ctx\":512"));
+  CHECK(d0 != d1);  // the digest covers it
+  auto j = model::parse_journal(with + "\n", "c.jsonl");
+  REQUIRE(j);
+  CHECK(j->header.ctx == 512);
+  auto j0 = model::parse_journal(plain + "\n", "p.jsonl");
+  REQUIRE(j0);
+  CHECK(j0->header.ctx == 0);
+  // An edited value fails the digest; an ill-typed one is named.
+  auto edited = model::parse_journal(replace(with, "\"ctx\":512", "\"ctx\":256") + "\n", "e.jsonl");
+  REQUIRE(!edited);
+  CHECK_THAT(edited.message(), Catch::Contains("e.jsonl: line 1: digest") && Catch::Contains("the header was edited"));
+  auto bad = model::parse_journal(replace(with, "\"ctx\":512", "\"ctx\":-3") + "\n", "b.jsonl");
+  REQUIRE(!bad);
+  CHECK_THAT(bad.message(), Catch::Contains("b.jsonl: line 1: field \"ctx\" is -3, expected the context length"));
+}
+
 TEST_CASE("a continued journal keeps one digest chain", "[journal][unit]") {
   const std::string dir = test::temp_dir("journal-continue");
   const auto lines = written_lines(dir);

@@ -1,5 +1,7 @@
 #include "tests/net/net_support.hpp"
 
+#include "base/spawn.hpp"
+
 #include "actors/guard.hpp"
 
 #include "actors/messages.hpp"
@@ -35,32 +37,19 @@ daemon_process::daemon_process(const std::string& dir, const std::vector<std::st
   std::vector<std::string> args = command.empty() ? std::vector<std::string>{cellshard_bin()} : command;
   args.insert(args.end(), {"node", "--listen", "127.0.0.1:0"});
   args.insert(args.end(), extra_args.begin(), extra_args.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
+  // stderr to <dir>/node-<n>.err (n counts the daemons this test process started).
+  static int started = 0;
+  err_path_ = dir + "/node-" + std::to_string(::getpid()) + "-" + std::to_string(started++) + ".err";
   int out[2];
-  if (::pipe(out) != 0) return;
-  const std::string err_prefix = dir + "/node-";
-  const pid_t parent = ::getpid();
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    // Child: only async-signal-safe calls until execv. It dies with the test
-    // process even when that is killed (a ctest timeout) before the guards run.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) _exit(127);
-    char path[4096];
-    std::snprintf(path, sizeof path, "%s%d.err", err_prefix.c_str(), static_cast<int>(::getpid()));
-    int err = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(out[1], 1);
-    if (err >= 0) ::dup2(err, 2);
-    ::close(out[0]);
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  if (::pipe2(out, O_CLOEXEC) != 0) return;
+  const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The daemon dies with the test process even when that is killed (a ctest
+  // timeout) before the guards run, and holds none of its descriptors (base/spawn.hpp).
+  pid_ = spawn_child(args, -1, out[1], err);
   ::close(out[1]);
+  if (err >= 0) ::close(err);
   out_fd_ = out[0];
   if (pid_ < 0) return;
-  err_path_ = err_prefix + std::to_string(pid_) + ".err";
   // Read the first line, with a deadline.
   std::string line;
   const auto until = std::chrono::steady_clock::now() +
@@ -151,30 +140,14 @@ std::string write_cluster_entries(const std::string& path, const std::vector<clu
 front_end_process::front_end_process(const std::vector<std::string>& args) {
   std::vector<std::string> full = {cellshard_bin()};
   full.insert(full.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
   int out[2], err[2];
-  if (::pipe(out) != 0) return;
-  if (::pipe(err) != 0) {
+  if (::pipe2(out, O_CLOEXEC) != 0) return;
+  if (::pipe2(err, O_CLOEXEC) != 0) {
     ::close(out[0]);
     ::close(out[1]);
     return;
   }
-  const pid_t parent = ::getpid();
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // as daemon_process
-    if (::getppid() != parent) _exit(127);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::close(out[0]);
-    ::close(err[0]);
-    ::close(out[1]);
-    ::close(err[1]);
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  pid_ = spawn_child(full, -1, out[1], err[1]);  // as daemon_process
   ::close(out[1]);
   ::close(err[1]);
   fds_[0] = out[0];

@@ -16,8 +16,8 @@ namespace cellshard::test {
 
 /// One `cellshard node --listen 127.0.0.1:0 ...` process. The constructor
 /// waits (at most `deadline_s`) for its `listening HOST:PORT` line; stderr
-/// goes to `<dir>/node-<pid>.err`. The destructor SIGKILLs and reaps it; the
-/// daemon also gets SIGKILL when the test process dies first (PR_SET_PDEATHSIG:
+/// goes to `<dir>/node-<test pid>-<n>.err`. Started by base/spawn.hpp. The
+/// destructor SIGKILLs and reaps it; the daemon also gets SIGKILL when the test process dies first (PR_SET_PDEATHSIG:
 /// when the thread that started it ends, so start it from the test's thread).
 class daemon_process {
 public:

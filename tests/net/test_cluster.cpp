@@ -17,9 +17,10 @@ struct four_nodes {
   std::string dir;
   std::vector<std::unique_ptr<test::daemon_process>> nodes;
   std::vector<uint16_t> ports;
-  explicit four_nodes(const std::string& name, std::vector<std::string> extra = {}) {
+  explicit four_nodes(const std::string& name, std::vector<std::string> extra = {},
+                      const std::string& models = "models") {
     dir = test::temp_dir(name);
-    extra.insert(extra.begin(), {"--models", test::shared_file("models")});
+    extra.insert(extra.begin(), {"--models", test::shared_file(models)});
     for (int i = 0; i < 4; ++i) {
       nodes.push_back(std::make_unique<test::daemon_process>(dir, extra));
       INFO(nodes.back()->log());
@@ -62,6 +63,56 @@ TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "
   INFO(r.err);
   CHECK(r.status == 0);
   CHECK_THAT(r.err, Catch::Contains("placement hybrid"));
+}
+
+TEST_CASE("gguf over 4 node processes: stories260K.gguf's fixtures and llama2-small-f32.gguf's llama.cpp ids",
+          "[net][fixtures][gguf]") {
+  // Issue #16: a GGUF model over daemons as a .bin. stories260K.gguf with its
+  // own tokenizer and --ctx 512 reproduces every llama2.c fixture (all six on
+  // hybrid:2x2, two on pipeline and tensor, for time); llama2-small-f32.gguf
+  // (grouped-query attention, untied classifier) llama.cpp's greedy ids.
+  if (!test::have_shared()) return;
+  four_nodes c("net-gguf", {}, "models/gguf");
+  const std::string file = test::write_cluster_file(c.dir + "/cluster.json", c.ports);
+  auto logs = [&] {
+    std::string l;
+    for (auto& n : c.nodes) l += n->log();
+    return l;
+  };
+  const std::string stories = test::shared_file("models/gguf/stories260K.gguf");
+  for (const std::string topo : {"hybrid:2x2", "pipeline", "tensor"}) {
+    for (const auto& fc : test::fixture_cases()) {
+      if (topo != "hybrid:2x2" && fc.name != "topp_t1.0_p0.9_s133742_n256" &&
+          fc.name != "greedy_prompt_lily_tom_n100")
+        continue;
+      std::vector<std::string> args = {test::cellshard_bin(), "run", "-m", stories, "--ctx", "512", "-n",
+                                       std::to_string(fc.steps), "-t", std::to_string(fc.temperature),
+                                       "-p", std::to_string(fc.topp), "-s", std::to_string(fc.seed),
+                                       "--cluster", file, "--topology", topo, "--expect-ids",
+                                       test::shared_file("fixtures/" + fc.name + ".ids")};
+      if (!fc.prompt.empty()) args.insert(args.end(), {"-i", fc.prompt});
+      auto r = test::run_command(args, 60);
+      INFO(topo << " " << fc.name << "\n" << r.err << "\nnode logs:\n" << logs());
+      CHECK(r.status == 0);
+      CHECK(r.out == test::read_file(test::shared_file("fixtures/" + fc.name + ".txt")));
+    }
+  }
+  const auto runs = test::gguf_reference_runs("llama2-small-f32.gguf", c.dir);
+  REQUIRE(runs.size() == 2);
+  for (const auto& run : runs) {
+    // The prompted run on every topology, the other on the pipeline (time).
+    for (const std::string topo : {"pipeline", "tensor", "hybrid:2x2"}) {
+      if (run.prompt.empty() && topo != "pipeline") continue;
+      // -n N runs N positions: N + 1 ids. llama.cpp generated without an EOS stop.
+      auto r = test::run_command({test::cellshard_bin(), "run", "-m",
+                                  test::shared_file("models/gguf/llama2-small-f32.gguf"), "-i", run.prompt, "-t",
+                                  "0", "-n", std::to_string(run.ids.size() - 1), "--ignore-eos", "-q", "--cluster",
+                                  file, "--topology", topo, "--expect-ids", run.ids_file},
+                                 120);
+      INFO(topo << " '" << run.prompt << "'\n" << r.err << "\nnode logs:\n" << logs());
+      CHECK(r.status == 0);
+    }
+  }
 }
 
 namespace {

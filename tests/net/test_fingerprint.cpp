@@ -74,6 +74,41 @@ TEST_CASE("a node with another model file or tokenizer is refused, naming the no
   }
 }
 
+TEST_CASE("a node with another GGUF file is refused, naming the node", "[net][fingerprint][gguf]") {
+  // Issue #16: a GGUF model is fingerprinted like a .bin. The GGUF is its own
+  // tokenizer (no -z), so the node's copy is checked as both.
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("net-fingerprint-gguf");
+  const std::string g = test::shared_file("models/gguf/stories260K.gguf");
+  for (auto sub : {"/good", "/other"}) test::run_command({"/bin/mkdir", "-p", dir + sub});
+  test::copy_file(g, dir + "/good/stories260K.gguf");
+  test::copy_with_flip(g, dir + "/other/stories260K.gguf", 5);  // a byte of the last tensor
+  test::daemon_process good(dir, {"--models", dir + "/good"});
+  test::daemon_process other(dir, {"--models", dir + "/other"});
+  for (auto* d : {&good, &other}) {
+    INFO(d->log());
+    REQUIRE(d->ok());
+  }
+  auto run_gguf = [&](const std::string& cluster) {
+    return test::run_command({test::cellshard_bin(), "run", "-m", g, "--ctx", "512", "-t", "0", "-n", "20", "-q",
+                              "--cluster", cluster},
+                             60);
+  };
+  SECTION("matching copies join") {
+    auto r = run_gguf(test::write_cluster_file(dir + "/good.json", {good.port()}));
+    INFO(r.err);
+    CHECK(r.status == 0);
+  }
+  SECTION("another copy of the GGUF") {
+    auto r = run_gguf(test::write_cluster_file(dir + "/m.json", {good.port(), other.port()}));
+    INFO(r.err);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Catch::Contains("node 1 (" + other.address() + ")") && Catch::Contains("model differs") &&
+                          Catch::Contains("stories260K.gguf"));
+    CHECK_THAT(r.err, !Catch::Contains("node 0 (" + good.address() + ")"));
+  }
+}
+
 TEST_CASE("an unreachable or frozen daemon at start-up is a clear error within the deadline", "[net][deadline]") {
   if (!test::have_shared()) return;
   const std::string dir = test::temp_dir("net-deadline");

@@ -65,13 +65,30 @@ int tokens_in(const fixture& f, const std::string& out) {
   return k;
 }
 
-/// Node daemons on loopback, each with --models ../shared/models and `extra`.
+/// The model of a run: the front end's flags, and the folder under ../shared
+/// its daemons load it from. Issue #16: a GGUF model takes every path a .bin
+/// takes (stories260K.gguf with its own tokenizer and --ctx 512 prints the
+/// same text and ids as stories260K.bin with tok512.bin).
+struct model_choice {
+  std::vector<std::string> flags;
+  std::string models;
+};
+model_choice bin_model() {
+  return {{"-m", test::shared_file("models/stories260K.bin"), "-z", test::shared_file("models/tok512.bin")},
+          "models"};
+}
+model_choice gguf_model() {
+  return {{"-m", test::shared_file("models/gguf/stories260K.gguf"), "--ctx", "512"}, "models/gguf"};
+}
+
+/// Node daemons on loopback, each with --models ../shared/MODELS and `extra`.
 struct daemons {
   std::string dir;
   std::vector<std::unique_ptr<test::daemon_process>> nodes;
-  daemons(const std::string& name, int n, const std::vector<std::string>& extra = {}) {
+  daemons(const std::string& name, int n, const std::vector<std::string>& extra = {},
+          const std::string& models = "models") {
     dir = test::temp_dir(name);
-    std::vector<std::string> args = {"--models", test::shared_file("models")};
+    std::vector<std::string> args = {"--models", test::shared_file(models)};
     args.insert(args.end(), extra.begin(), extra.end());
     for (int i = 0; i < n; ++i) {
       nodes.push_back(std::make_unique<test::daemon_process>(dir, args));
@@ -99,12 +116,12 @@ struct daemons {
 /// `cellshard run` over the cluster file as a pipeline, with the fixture's
 /// flags, --expect-ids, --json and --print-placement; `more` appended.
 std::vector<std::string> run_args(const fixture& f, const std::string& cluster, const std::string& json,
-                                  const std::vector<std::string>& more) {
-  std::vector<std::string> a = {"run", "-m", test::shared_file("models/stories260K.bin"), "-z",
-                                test::shared_file("models/tok512.bin"), "-n", std::to_string(f.fc.steps), "-t",
-                                std::to_string(f.fc.temperature), "-p", std::to_string(f.fc.topp), "-s",
-                                std::to_string(f.fc.seed), "--cluster", cluster, "--topology", "pipeline",
-                                "--print-placement", "--expect-ids", f.ids_file, "--json", json};
+                                  const std::vector<std::string>& more, const model_choice& m = bin_model()) {
+  std::vector<std::string> a = {"run"};
+  a.insert(a.end(), m.flags.begin(), m.flags.end());
+  a.insert(a.end(), {"-n", std::to_string(f.fc.steps), "-t", std::to_string(f.fc.temperature), "-p",
+                     std::to_string(f.fc.topp), "-s", std::to_string(f.fc.seed), "--cluster", cluster, "--topology",
+                     "pipeline", "--print-placement", "--expect-ids", f.ids_file, "--json", json});
   if (!f.fc.prompt.empty()) {
     a.push_back("-i");
     a.push_back(f.fc.prompt);
@@ -180,13 +197,16 @@ std::string describe(const test::front_end_process& fe, const daemons& d) {
 
 }  // namespace
 
-TEST_CASE("a daemon killed mid-generation: its stage restarts on the spare, output identical", "[net][recovery]") {
-  if (!test::have_shared()) return;
+namespace {
+
+/// SIGKILL of the daemon of placement index 1 after K tokens; the spare takes
+/// over and the output is the fixture's.
+void kill_mid_generation(const model_choice& m, const std::string& name) {
   const fixture f = load_fixture("greedy_bos_n200");
-  daemons d("recovery-kill", 4);
+  daemons d(name, 4, {}, m.models);
   const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(1));
   const std::string json = d.dir + "/run.json";
-  test::front_end_process fe(run_args(f, cluster, json, paced));
+  test::front_end_process fe(run_args(f, cluster, json, paced, m));
   REQUIRE(fe.started());
   const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
   INFO(describe(fe, d));
@@ -225,6 +245,19 @@ TEST_CASE("a daemon killed mid-generation: its stage restarts on the spare, outp
   } else {
     WARN("output moved on " << ms_between(killed_at, resumed_at) << " ms after the kill");
   }
+}
+
+}  // namespace
+
+TEST_CASE("a daemon killed mid-generation: its stage restarts on the spare, output identical", "[net][recovery]") {
+  if (!test::have_shared()) return;
+  kill_mid_generation(bin_model(), "recovery-kill");
+}
+
+TEST_CASE("gguf: a daemon killed mid-generation: its stage restarts on the spare, output identical",
+          "[net][recovery][gguf]") {
+  if (!test::have_shared()) return;
+  kill_mid_generation(gguf_model(), "recovery-kill-gguf");
 }
 
 TEST_CASE("a daemon frozen mid-generation, thawed after the run went on: nothing of it reaches the output",
@@ -447,10 +480,14 @@ TEST_CASE("no spare and no room left: the clear error and the partial output", "
                           << " tokens; stderr: " << fe.err().substr(fe.err().find("error")));
 }
 
-TEST_CASE("a killed front end resumed from its journal on the same daemons", "[net][recovery][journal]") {
-  if (!test::have_shared()) return;
+namespace {
+
+/// SIGKILL of a front end journaling a run over 3 daemons, after K tokens;
+/// the daemons free everything it held; the same command with --resume
+/// prints the rest of the fixture.
+void resume_on_same_daemons(const model_choice& m, const std::string& name) {
   const fixture f = load_fixture("topp_t1.0_p0.9_s133742_n256");
-  daemons d("recovery-journal", 3);
+  daemons d(name, 3, {}, m.models);
   const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries());
   const std::string journal = d.dir + "/run.jsonl";
   std::vector<std::string> more = paced;
@@ -458,7 +495,7 @@ TEST_CASE("a killed front end resumed from its journal on the same daemons", "[n
   std::string printed;
   int journaled = 0;
   {
-    test::front_end_process fe(run_args(f, cluster, d.dir + "/first.json", more));
+    test::front_end_process fe(run_args(f, cluster, d.dir + "/first.json", more, m));
     REQUIRE(fe.started());
     const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
     INFO(describe(fe, d));
@@ -490,7 +527,7 @@ TEST_CASE("a killed front end resumed from its journal on the same daemons", "[n
   // The same flags (and cluster), plus --resume.
   std::vector<std::string> again = paced;
   again.insert(again.end(), {"--resume", journal});
-  test::front_end_process fe(run_args(f, cluster, d.dir + "/resumed.json", again));
+  test::front_end_process fe(run_args(f, cluster, d.dir + "/resumed.json", again, m));
   REQUIRE(fe.started());
   const int status = fe.wait(run_deadline_s);
   INFO(describe(fe, d));
@@ -502,6 +539,18 @@ TEST_CASE("a killed front end resumed from its journal on the same daemons", "[n
   CHECK(printed.size() == f.offsets[static_cast<size_t>(journaled)]);
   WARN("front end killed after " << journaled << " journaled tokens; the resumed run printed "
                                  << fe.out().size() << " bytes more");
+}
+
+}  // namespace
+
+TEST_CASE("a killed front end resumed from its journal on the same daemons", "[net][recovery][journal]") {
+  if (!test::have_shared()) return;
+  resume_on_same_daemons(bin_model(), "recovery-journal");
+}
+
+TEST_CASE("gguf: a killed front end resumed from its journal on the same daemons", "[net][recovery][journal][gguf]") {
+  if (!test::have_shared()) return;
+  resume_on_same_daemons(gguf_model(), "recovery-journal-gguf");
 }
 
 TEST_CASE("faults injected inside the daemons: crash and silence of placement index 1", "[net][recovery]") {

@@ -1,5 +1,7 @@
 #include "tests/serve/serve_support.hpp"
 
+#include "base/spawn.hpp"
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -19,20 +21,10 @@ child::child(const std::vector<std::string>& args, const std::string& err_path, 
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
   const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   REQUIRE(err >= 0);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_ = ::fork();
-  REQUIRE(pid_ >= 0);
-  if (pid_ == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::dup2(out[1], 1);
-    ::dup2(err, 2);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
+  pid_ = spawn_child(args, -1, out[1], err);  // parent-death kill, descriptors closed (base/spawn.hpp)
   ::close(out[1]);
   ::close(err);
+  REQUIRE(pid_ > 0);
   out_fd_ = out[0];
   // The first line: "listening HOST:PORT".
   std::string line;

@@ -19,14 +19,16 @@ using namespace cellshard;
 
 namespace {
 
-/// A private copy of stories260K and its tokenizer: the daemons get this
-/// folder as --models, so their command lines can be told apart.
-std::string private_models(const std::string& dir) {
+/// A private copy of model files (default: stories260K and its tokenizer)
+/// from ../shared/models: the daemons get this folder as --models, so their
+/// command lines can be told apart.
+std::string private_models(const std::string& dir,
+                           const std::vector<std::string>& files = {"stories260K.bin", "tok512.bin"}) {
   const std::string m = dir + "/models";
   ::mkdir(m.c_str(), 0755);
-  for (const char* f : {"stories260K.bin", "tok512.bin"}) {
-    std::ofstream out(m + "/" + f, std::ios::binary);
-    out << test::read_file(test::shared_file(std::string("models/") + f));
+  for (const auto& f : files) {
+    const std::string name = f.substr(f.rfind('/') + 1);
+    test::write_file(m + "/" + name, test::read_file(test::shared_file("models/" + f)));
   }
   return m;
 }
@@ -95,6 +97,35 @@ TEST_CASE("chaos --processes: kills and freezes of daemons, 0 diverged, 0 hung",
   }
   CHECK(kill);
   CHECK(stop);
+}
+
+TEST_CASE("gguf: chaos --processes on stories260K.gguf, kills and crashes, 0 diverged, 0 hung",
+          "[tools][processes][gguf]") {
+  // Issue #16: chaos over daemons on a GGUF model (its own tokenizer, --ctx 512).
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("chaos-processes-gguf");
+  const std::string models = private_models(dir, {"gguf/stories260K.gguf"});
+  const std::string json = dir + "/chaos.json";
+  auto r = test::run_command({test::cellshard_bin(), "chaos", "-m", models + "/stories260K.gguf", "--ctx", "512",
+                              "-n", "40", "-t", "0", "--processes", "3", "--spares", "1", "--runs", "3", "--seed",
+                              "3", "--kinds", "kill,crash", "--deadline", "40", "--json", json},
+                             150);
+  INFO(r.out << "\n" << r.err);
+  CHECK(r.status == 0);
+  CHECK(processes_with(models) == 0);
+  CHECK_THAT(r.err, Catch::Contains("stories260K.gguf with tokenizer") && Catch::Contains("stories260K.gguf"));
+  const auto j = nlohmann::json::parse(test::read_file(json));
+  CHECK(j.at("runs") == 3);
+  CHECK(j.at("diverged_runs") == 0);
+  CHECK(j.at("hung_runs") == 0);
+  int ok = 0, kills = 0;
+  for (const auto& d : j.at("details")) {
+    if (d.at("outcome") == "ok") ++ok;
+    for (const auto& f : d.at("faults"))
+      if (f.at("kind") == "kill" && f.contains("record")) ++kills;
+  }
+  CHECK(ok == 3);
+  CHECK(kills >= 1);  // a daemon was SIGKILLed, detected and recovered from
 }
 
 TEST_CASE("bench recovery --processes: rows, goals and the timeline", "[tools][processes][bench]") {
