@@ -7,6 +7,8 @@
 #include "tests/net/net_support.hpp"
 #include "tests/support.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <memory>
 
 using namespace cellshard;
@@ -70,7 +72,8 @@ TEST_CASE("gguf over 4 node processes: stories260K.gguf's fixtures and llama2-sm
   // Issue #16: a GGUF model over daemons as a .bin. stories260K.gguf with its
   // own tokenizer and --ctx 512 reproduces every llama2.c fixture (all six on
   // hybrid:2x2, two on pipeline and tensor, for time); llama2-small-f32.gguf
-  // (grouped-query attention, untied classifier) llama.cpp's greedy ids.
+  // (grouped-query attention, untied classifier) llama.cpp's greedy ids, also
+  // through a crash and a silence injected inside the daemons.
   if (!test::have_shared()) return;
   four_nodes c("net-gguf", {}, "models/gguf");
   const std::string file = test::write_cluster_file(c.dir + "/cluster.json", c.ports);
@@ -113,6 +116,27 @@ TEST_CASE("gguf over 4 node processes: stories260K.gguf's fixtures and llama2-sm
       CHECK(r.status == 0);
     }
   }
+  // Faults inside the daemons on the GGUF model: a crash and a silence, each
+  // recovered (restart in place: no spare), still llama.cpp's ids.
+  const auto& run = runs.front();
+  REQUIRE_FALSE(run.prompt.empty());
+  const std::string json = c.dir + "/faults.json";
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m",
+                              test::shared_file("models/gguf/llama2-small-f32.gguf"), "-i", run.prompt, "-t", "0",
+                              "-n", std::to_string(run.ids.size() - 1), "--ignore-eos", "-q", "--cluster", file,
+                              "--topology", "pipeline", "--fault", "crash:node=1:step=20", "--fault",
+                              "silence:node=0:step=40", "--expect-ids", run.ids_file, "--json", json},
+                             120);
+  INFO("faults: " << r.err << "\nnode logs:\n" << logs());
+  CHECK(r.status == 0);
+  const auto j = nlohmann::json::parse(test::read_file(json));
+  int crash = 0, silence = 0;
+  for (const auto& f : j.at("faults")) {
+    crash += f.at("kind") == "crash" && f.at("recover_ms").get<double>() >= 0;
+    silence += f.at("kind") == "silence" && f.at("recover_ms").get<double>() >= 0;
+  }
+  CHECK(crash == 1);
+  CHECK(silence == 1);
 }
 
 namespace {
