@@ -12,19 +12,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 dir=build-asan
-# Test executables whose cases are unit or in-process tests (no daemons, no
-# network namespaces). When the ctest labels `unit` and `inproc` exist, the
-# run selects by label instead.
-# Default (CI): the tests and fuzzers that need no actor library, whose ASan
-# build was measured; SANITIZE_FULL=1 adds the actor-level ones (test_model and
-# test_bad_inputs run the binary, test_actors is CAF-heavy: a long build).
-tests=(test_kernels test_journal_format test_topologies)
+# Test executables run under the sanitizers. Default (CI): every `unit` test
+# that needs no actor library (kernels, model, GGUF, MoE, journal format,
+# topologies, planner, base, supervision on CAF's test_coordinator).
+# SANITIZE_FULL=1 adds the actor library's unit and in-process tests (a long
+# clang build of the CAF-heavy actor code; docs/reliability.md has the times).
+tests=(test_kernels test_kernels_fixtures test_model test_journal_format test_gguf_model test_moe
+       test_topologies test_planner test_planner_sim test_planner_calibrate test_base supervision_tests)
 fuzzers=(fuzz_llama2c_loader fuzz_q8_reader fuzz_gguf fuzz_tokenizer fuzz_journal fuzz_faults
          fuzz_checkpoint_archive fuzz_cli_values)
 build_targets=("${tests[@]}" "${fuzzers[@]}")
 if [ "${SANITIZE_FULL:-0}" = 1 ]; then
-  tests+=(test_model test_bad_inputs test_planner supervision_tests test_actors)
-  build_targets=(cellshard fuzzers "${tests[@]}")
+  tests+=(test_actors_unit test_resilience test_actors_gguf test_actors)
+  build_targets=(fuzzers "${tests[@]}")
 fi
 
 if [ "$what" = build ] || [ "$what" = all ]; then
@@ -43,21 +43,17 @@ if [ "$what" = test ] || [ "$what" = all ]; then
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   export OPENBLAS_NUM_THREADS=1
   cd "$dir"
-  if [ "${SANITIZE_FULL:-0}" = 1 ] && ctest -N -L '^(unit|inproc)$' 2>/dev/null | grep -q 'Total Tests: [1-9]'; then
-    ctest --output-on-failure -L '^(unit|inproc)$' -LE slow
-  else
-    fail=0
-    for t in "${tests[@]}"; do
-      exe=$(find tests -type f -name "$t" -perm -u+x | head -1)
-      [ -n "$exe" ] || { echo "sanitize: $t not built" >&2; fail=1; continue; }
-      t0=$(date +%s)
-      # Catch2 tags: leave out the cases tagged [slow] and the process tests.
-      if ! "$exe" '~[slow]' '~[processes]' --order decl; then
-        echo "sanitize: $t FAILED" >&2
-        fail=1
-      fi
-      echo "sanitize: $t $(( $(date +%s) - t0 )) s"
-    done
-    exit $fail
-  fi
+  fail=0
+  for t in "${tests[@]}"; do
+    exe=$(find tests -type f -name "$t" -perm -u+x | head -1)
+    [ -n "$exe" ] || { echo "sanitize: $t not built" >&2; fail=1; continue; }
+    t0=$(date +%s)
+    # Catch2 tags: leave out the cases tagged [slow] and the process tests.
+    if ! "$exe" '~[slow]' '~[processes]' --order decl; then
+      echo "sanitize: $t FAILED" >&2
+      fail=1
+    fi
+    echo "sanitize: $t $(( $(date +%s) - t0 )) s"
+  done
+  exit $fail
 fi

@@ -351,7 +351,7 @@ void check_bad_request(const std::string& name, const bad_case& c) {
 }  // namespace
 
 TEST_CASE("serve bad request: malformed JSON is 400", "[serve][processes]") {
-  check_bad_request("json", {{}, "POST", "/v1/completions", "{\"prompt\": \"Hi\",", 400});
+  check_bad_request("json", {{}, "POST", "/v1/completions", "{\"prompt\": \"Hi\",", 400, "", ""});
 }
 TEST_CASE("serve bad request: a bad field is 400 naming it", "[serve][processes]") {
   check_bad_request("field", {{}, "POST", "/v1/chat/completions",
@@ -366,11 +366,11 @@ TEST_CASE("serve bad request: an unknown model is 404", "[serve][processes]") {
                               "model_not_found", "model"});
 }
 TEST_CASE("serve bad request: an unknown route is 404", "[serve][processes]") {
-  check_bad_request("route", {{}, "GET", "/v1/engines", "", 404, "unknown_url"});
+  check_bad_request("route", {{}, "GET", "/v1/engines", "", 404, "unknown_url", ""});
 }
 TEST_CASE("serve bad request: a body over --max-body is 413", "[serve][processes]") {
   check_bad_request("large", {{"--max-body", "2000"}, "POST", "/v1/completions",
-                              json{{"prompt", std::string(3000, 'a')}}.dump(), 413, "request_too_large"});
+                              json{{"prompt", std::string(3000, 'a')}}.dump(), 413, "request_too_large", ""});
 }
 TEST_CASE("serve bad request: a prompt longer than the context is 422", "[serve][processes]") {
   std::string prompt;
