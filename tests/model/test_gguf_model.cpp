@@ -9,6 +9,7 @@
 #include "model/gguf_model.hpp"
 #include "model/transformer.hpp"
 #include "tests/model/float64_ref.hpp"
+#include "tests/model/greedy.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -66,24 +67,7 @@ double nmse(const std::vector<std::vector<float>>& a, const std::vector<std::vec
   return num / den;
 }
 
-// Greedy continuation: prompt ids, then `n` argmax ids (no stop).
-std::vector<int> greedy(std::shared_ptr<const model::model_file> f, std::vector<int> ids, int n,
-                        const char* backend) {
-  auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg()));
-  REQUIRE(w.ok());
-  model::engine eng(*w, *kernels::choose_backend(backend).be);  // blas: native in a cross build
-  std::vector<int> gen;
-  const size_t np = ids.size();
-  for (size_t p = 0; p + 1 < np + n; ++p) {
-    const float* l = eng.forward(ids[p], static_cast<int>(p));
-    if (p + 1 >= np) {
-      const int next = static_cast<int>(std::max_element(l, l + f->cfg().vocab_size) - l);
-      gen.push_back(next);
-      ids.push_back(next);
-    }
-  }
-  return gen;
-}
+using test::greedy;  // tests/model/greedy.hpp
 
 }  // namespace
 

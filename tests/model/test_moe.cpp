@@ -13,6 +13,7 @@
 #include "model/synth.hpp"
 #include "model/transformer.hpp"
 #include "tests/model/float64_ref.hpp"
+#include "tests/model/greedy.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -36,27 +37,7 @@ std::shared_ptr<const model::model_file> open_shared(const std::string& rel) {
   return *f;
 }
 
-// Greedy continuation of `ids` by `n` argmax tokens (first maximal index).
-std::vector<int> greedy(std::shared_ptr<const model::model_file> f, std::vector<int> ids, int n,
-                        const char* backend, std::vector<std::vector<float>>* logits = nullptr) {
-  auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg()));
-  REQUIRE(w.ok());
-  const kernels::backend* be = kernels::find_backend(backend);
-  REQUIRE(be != nullptr);
-  model::engine eng(*w, *be);
-  std::vector<int> gen;
-  const size_t np = ids.size();
-  for (size_t p = 0; p + 1 < np + n; ++p) {
-    const float* l = eng.forward(ids[p], static_cast<int>(p));
-    if (p + 1 >= np) {
-      if (logits) logits->emplace_back(l, l + f->cfg().vocab_size);
-      const int next = static_cast<int>(std::max_element(l, l + f->cfg().vocab_size) - l);
-      gen.push_back(next);
-      ids.push_back(next);
-    }
-  }
-  return gen;
-}
+using test::greedy;  // tests/model/greedy.hpp
 
 // The float64 pass of tests/model/float64_ref.hpp (no code shared with model/).
 using ref_forward = test::float64_ref;
