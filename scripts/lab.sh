@@ -4,7 +4,8 @@
 # shaped with tc tbf (netem is not available on these machines), a cellshard
 # node daemon in every namespace, and the front end on the bridge.
 #
-#   scripts/lab.sh up N [--rate 1gbit] [--profile ps3]   create, start the daemons, verify the shaping
+#   scripts/lab.sh up N [--rate 1gbit] [--profile ps3] [--cpu PCT] [--threads T]
+#                                                         create, start the daemons, verify the shaping
 #   scripts/lab.sh run [run's flags...]                   cellshard run --cluster <the lab's cluster.json> ...
 #   scripts/lab.sh status                                 what is up
 #   scripts/lab.sh down                                   remove everything (idempotent)
@@ -13,6 +14,12 @@
 # is measured with a bounded iperf3 transfer before `up` returns, and `up`
 # fails when the measured rate is more than 10% off. An interrupted `up`
 # tears down what it made. State lives in $CELLSHARD_LAB (default /tmp/cellshard-lab).
+#
+# --cpu PCT caps each daemon at PCT% of one core (a cgroup of its own: cpu.max
+# on cgroup v2, cpu.cfs_quota_us on v1; 10 ms periods), the way a weak node's compute is
+# capped (issue #25), so 8 daemons on 2 cores measure the links and the
+# protocol rather than the contention; --threads T is the daemons' kernel
+# threads (default 1 with --cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -26,6 +33,30 @@ PORT=7000
 
 die() { echo "lab.sh: $*" >&2; exit 1; }
 
+# The cgroup of daemon $1 with a quota of $2 % of one core; prints its
+# cgroup.procs path. cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us).
+cg_make() {
+  local name=$PREFIX-$1 pct=$2 dir
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    dir=/sys/fs/cgroup/$name
+    mkdir -p "$dir" || return 1
+    echo "$((pct * 100)) 10000" > "$dir/cpu.max" || return 1
+  elif [ -d /sys/fs/cgroup/cpu ]; then
+    dir=/sys/fs/cgroup/cpu/$name
+    mkdir -p "$dir" || return 1
+    echo 10000 > "$dir/cpu.cfs_period_us" && echo "$((pct * 100))" > "$dir/cpu.cfs_quota_us" || return 1
+  else
+    return 1
+  fi
+  echo "$dir/cgroup.procs"
+}
+cg_remove_all() {
+  local d
+  for d in /sys/fs/cgroup/$PREFIX-* /sys/fs/cgroup/cpu/$PREFIX-*; do
+    [ -d "$d" ] && rmdir "$d" 2>/dev/null || true
+  done
+}
+
 down() {
   if [ -f "$LAB/pids" ]; then
     while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$LAB/pids"
@@ -38,20 +69,26 @@ down() {
   for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^${PREFIX}-" || true); do
     ip link del "$link" 2>/dev/null || true
   done
+  cg_remove_all
   rm -rf "$LAB"
 }
 
 up() {
   local n=$1; shift
-  local rate=1gbit profile=host
+  local rate=1gbit profile=host cpu="" threads=""
   while [ $# -gt 0 ]; do
     case $1 in
       --rate) rate=$2; shift 2 ;;
       --profile) profile=$2; shift 2 ;;
+      --cpu) cpu=$2; shift 2 ;;
+      --threads) threads=$2; shift 2 ;;
       *) die "up: unknown option $1" ;;
     esac
   done
   [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 64 ] || die "up: N must be 2..64"
+  [ -z "$cpu" ] || { [[ $cpu =~ ^[0-9]+$ ]] && [ "$cpu" -ge 1 ] && [ "$cpu" -le 100 ]; } || die "up: --cpu PCT must be 1..100"
+  [ -z "$threads" ] || { [[ $threads =~ ^[0-9]+$ ]] && [ "$threads" -ge 1 ]; } || die "up: --threads T must be >= 1"
+  if [ -n "$cpu" ] && [ -z "$threads" ]; then threads=1; fi
   [ "$(id -u)" -eq 0 ] || die "needs root (ip netns, tc)"
   command -v iperf3 >/dev/null || die "needs iperf3 (scripts/install-deps.sh)"
   [ -x "$BIN" ] || die "no cellshard binary at $BIN (scripts/build.sh)"
@@ -110,8 +147,13 @@ up() {
     # The lab's namespaces are private to this machine, so its daemons run plain
     # (--insecure: a plain daemon otherwise binds loopback only); use
     # `cellshard certs` and --tls-* for links anyone else can reach.
-    ip netns exec "$ns" "$BIN" node --listen "$ip:$PORT" --insecure --profile "$profile" --models "$MODELS" -q \
-      > "$LAB/node$i.out" 2> "$LAB/node$i.err" &
+    local procs=/dev/null
+    if [ -n "$cpu" ]; then procs=$(cg_make "$i" "$cpu") || die "cannot make a cgroup with a CPU quota (cgroup v1 or v2 cpu controller)"; fi
+    # The shell joins the cgroup, then becomes the daemon (exec keeps the pid);
+    # before `ip netns exec`, which mounts the namespace's own /sys.
+    CS_PROCS=$procs bash -c 'echo $$ > "$CS_PROCS"; exec "$@"' lab-node ip netns exec "$ns" \
+      "$BIN" node --listen "$ip:$PORT" --insecure --profile "$profile" --models "$MODELS" -q \
+      ${threads:+--threads "$threads"} > "$LAB/node$i.out" 2> "$LAB/node$i.err" &
     echo $! >> "$LAB/pids"
     if [ "$i" -gt 0 ]; then json+=', '; fi
     json+="{\"host\": \"$ip\", \"port\": $PORT, \"profile\": \"$profile\"}"
@@ -124,15 +166,15 @@ up() {
   echo "$json" > "$LAB/cluster.json"
   echo "$n" > "$LAB/nodes"
   trap - INT TERM EXIT
-  echo "lab up: $n nodes on $SUBNET.0/24 at $rate; cluster file $LAB/cluster.json"
+  echo "lab up: $n nodes on $SUBNET.0/24 at $rate${cpu:+, each daemon capped at $cpu% of a core}; cluster file $LAB/cluster.json"
 }
 
 case ${1:-} in
-  up) shift; [ $# -ge 1 ] || die "usage: lab.sh up N [--rate R] [--profile P]"; up "$@" ;;
+  up) shift; [ $# -ge 1 ] || die "usage: lab.sh up N [--rate R] [--profile P] [--cpu PCT] [--threads T]"; up "$@" ;;
   run) shift; [ -f "$LAB/cluster.json" ] || die "the lab is not up (lab.sh up N)"; exec "$BIN" run --cluster "$LAB/cluster.json" "$@" ;;
   status)
     ip netns list | grep "^$PREFIX-" || echo "no lab namespaces"
     [ -f "$LAB/cluster.json" ] && cat "$LAB/cluster.json" || true ;;
   down) down; echo "lab down" ;;
-  *) echo "usage: lab.sh up N [--rate R] [--profile P] | run ARGS | status | down" >&2; exit 2 ;;
+  *) echo "usage: lab.sh up N [--rate R] [--profile P] [--cpu PCT] [--threads T] | run ARGS | status | down" >&2; exit 2 ;;
 esac

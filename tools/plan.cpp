@@ -30,6 +30,7 @@ struct plan_opts {
   std::string model, hardware = "ps3", topology, calibrate, json, report, baseline = "h200-8x";
   std::string memory, link, weights = "native", wire;
   std::string calibrate_hardware = "host";
+  std::string holdout;  // --holdout RULE (with --calibrate)
   int nodes = 0, batch = 1, context = 4096, calibrate_context = 64;
   // Assumption overrides (< 0: keep the default).
   double electricity = -1, amortisation = -1, price = -1, failures = -1, detect_ms = -1, recover_ms = -1;
@@ -209,7 +210,7 @@ row_result try_plan(const plan_request& r) {
 }
 
 std::string report_text(const plan_opts& o, const plan_result& p, const plan_result* base,
-                        const calibration* cal, const sim_result* sim, double sim_wall, const sim_result* stress,
+                        const calibration* cal, const validation* val, const sim_result* sim, double sim_wall, const sim_result* stress,
                         double stress_wall) {
   const plan_request& r = p.request;
   std::ostringstream md;
@@ -364,6 +365,25 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
     md << "\nLargest error " << f("%.1f%%", cal->max_abs_error * 100) << ", rms " << f("%.1f%%", cal->rms_error * 100)
        << ".\n\n";
   }
+  if (val) {
+    md << "## Held-out validation\n\n`--holdout " << to_string(val->rule) << "`: the constants refitted on "
+       << val->fit.points.size() << " points (compute efficiency " << f("%.3g", val->fit.fitted.compute_efficiency)
+       << ", " << f("%.3g", val->fit.fitted.message_overhead_s * 1e6) << " us per message, "
+       << f("%.3g", val->fit.fitted.sync_overhead_s * 1e6) << " us per all-reduce, "
+       << f("%.3g", val->fit.fitted.byte_overhead_s * 1e9) << " ns per byte) predict the " << val->held_out.size()
+       << " held-out points:\n\n"
+       << "| line | model | topology | nodes | link | measured TPOT ms | predicted ms | error | tokens/s error | "
+          "comm share measured / predicted |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& pt : val->held_out) {
+      md << "| " << pt.line << " | " << pt.model << " | " << pt.topology << " | " << pt.nodes << " | " << pt.link
+         << " | " << f("%.4g", pt.measured_tpot_ms) << " | " << f("%.4g", pt.predicted_tpot_ms) << " | "
+         << f("%+.1f%%", pt.error * 100) << " | " << f("%+.1f%%", pt.tokens_per_s_error * 100) << " | "
+         << f("%.2f", pt.measured_comm_share) << " / " << f("%.2f", pt.predicted_comm_share) << " |\n";
+    }
+    md << "\nLargest held-out error: " << f("%.1f", val->max_abs_error * 100) << "%\n\n"
+       << "(tokens/s: " << f("%.1f%%", val->max_abs_tokens_per_s_error * 100) << "; comm share: "
+       << f("%.3f", val->max_abs_comm_share_error) << " absolute; goal: 20% and 0.05.)\n\n";
+  }
 
   // Sensitivity: one assumption at a time.
   md << "## Which assumptions dominate\n\nEach row changes one assumption of the plan above and re-plans "
@@ -463,6 +483,9 @@ void add_plan(CLI::App& app, int& status) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--calibrate", o->calibrate, "fit the constants to a sweep CSV (CLI.md sweep columns)");
+  cmd->add_option("--holdout", o->holdout,
+                  "with --calibrate: also fit without the rows RULE holds out (every:K[:J] or nodes:N) and report "
+                  "the error of predicting them");
   cmd->add_option("--calibrate-hardware", o->calibrate_hardware, "where the sweep ran (host: measured here)")
       ->capture_default_str();
   cmd->add_option("--calibrate-context", o->calibrate_context,
@@ -500,6 +523,8 @@ void add_plan(CLI::App& app, int& status) {
   cmd->callback([o, &status] {
     plan_request r = build_request(*o);
     std::unique_ptr<calibration> cal;
+    std::unique_ptr<validation> val;
+    if (!o->holdout.empty() && o->calibrate.empty()) throw cli_error("--holdout needs --calibrate", 2);
     if (!o->calibrate.empty()) {
       auto rows = parse_sweep_csv(read_text(o->calibrate), o->calibrate);
       if (!rows) throw cli_error(rows.message());
@@ -522,6 +547,13 @@ void add_plan(CLI::App& app, int& status) {
       auto c = calibrate(*rows, base, preset_resolver(&r.model));
       if (!c) throw cli_error("--calibrate " + o->calibrate + ": " + c.message());
       cal = std::make_unique<calibration>(*c);
+      if (!o->holdout.empty()) {
+        auto rule = parse_holdout(o->holdout);
+        if (!rule) throw cli_error(rule.message(), 2);
+        auto v = validate(*rows, base, preset_resolver(&r.model), *rule);
+        if (!v) throw cli_error("--calibrate " + o->calibrate + " --holdout " + o->holdout + ": " + v.message());
+        val = std::make_unique<validation>(*v);
+      }
       // An efficiency above 1 says the sweep's model sat in cache; the
       // planned model streams from memory, so the plan uses at most 1.
       r.assume.compute_efficiency = std::min(1.0, c->fitted.compute_efficiency);
@@ -583,6 +615,18 @@ void add_plan(CLI::App& app, int& status) {
                       pt.predicted_tpot_ms, pt.error * 100);
         }
       }
+      if (val) {
+        std::printf("held-out validation (%s): fitted on %zu points, predicted %zu; largest held-out error %.1f%% "
+                    "(tokens/s %.1f%%, comm share %.3f absolute)\n",
+                    to_string(val->rule).c_str(), val->fit.points.size(), val->held_out.size(),
+                    val->max_abs_error * 100, val->max_abs_tokens_per_s_error * 100, val->max_abs_comm_share_error);
+        for (const auto& pt : val->held_out) {
+          std::printf("  line %d %-12s %-12s nodes %d link %s: tpot measured %.4g ms, predicted %.4g ms (%+.1f%%); "
+                      "comm share %.2f vs %.2f\n",
+                      pt.line, pt.model.c_str(), pt.topology.c_str(), pt.nodes, pt.link.c_str(), pt.measured_tpot_ms,
+                      pt.predicted_tpot_ms, pt.error * 100, pt.measured_comm_share, pt.predicted_comm_share);
+        }
+      }
       if (sim) {
         std::printf("simulation: %d nodes, %.3g h, %llu events in %.2f s: %s tokens/s (closed form %s), time "
                     "between tokens p50 %s p99 %s, %llu failures, %.3g of %llu requests met one\n",
@@ -615,12 +659,42 @@ void add_plan(CLI::App& app, int& status) {
                                 {"max_abs_error", cal->max_abs_error},
                                 {"rms_error", cal->rms_error}};
       }
+      if (val) {
+        nlohmann::json pts = nlohmann::json::array();
+        for (const auto& pt : val->held_out) {
+          pts.push_back({{"line", pt.line},
+                         {"nodes", pt.nodes},
+                         {"topology", pt.topology},
+                         {"model", pt.model},
+                         {"link", pt.link},
+                         {"batch", pt.batch},
+                         {"measured_tpot_ms", pt.measured_tpot_ms},
+                         {"predicted_tpot_ms", pt.predicted_tpot_ms},
+                         {"error", pt.error},
+                         {"measured_tokens_per_s", pt.measured_tokens_per_s},
+                         {"predicted_tokens_per_s", pt.predicted_tokens_per_s},
+                         {"tokens_per_s_error", pt.tokens_per_s_error},
+                         {"measured_comm_share", pt.measured_comm_share},
+                         {"predicted_comm_share", pt.predicted_comm_share}});
+        }
+        j["validation"] = {{"holdout", to_string(val->rule)},
+                           {"fitted_points", val->fit.points.size()},
+                           {"fit", {{"compute_efficiency", val->fit.fitted.compute_efficiency},
+                                    {"message_overhead_s", val->fit.fitted.message_overhead_s},
+                                    {"sync_overhead_s", val->fit.fitted.sync_overhead_s},
+                                    {"byte_overhead_s", val->fit.fitted.byte_overhead_s}}},
+                           {"held_out", pts},
+                           {"max_abs_error", val->max_abs_error},
+                           {"max_abs_tokens_per_s_error", val->max_abs_tokens_per_s_error},
+                           {"max_abs_comm_share_error", val->max_abs_comm_share_error},
+                           {"skipped_rows", val->skipped}};
+      }
       if (sim) j["simulation"] = sim_json(*sim, sim_wall);
       write_text(o->json, j.dump(2) + "\n");
     }
     if (!o->report.empty()) {
       write_text(o->report,
-                 report_text(*o, *p, base.get(), cal.get(), sim.get(), sim_wall, stress.get(), stress_wall));
+                 report_text(*o, *p, base.get(), cal.get(), val.get(), sim.get(), sim_wall, stress.get(), stress_wall));
       if (!json_to_stdout) std::printf("wrote %s\n", o->report.c_str());
     }
     status = 0;

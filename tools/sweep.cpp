@@ -1,14 +1,19 @@
-// `cellshard sweep`: a grid of in-process runs (nodes x topology x link x
-// batch) written to DIR/sweep.csv (the columns of CLI.md) and drawn as PNG
-// plots with gnuplot: latency, throughput and communication share against
-// node count, one line per topology, link and batch. Points the model cannot
-// be split into (more stages than layers, a tensor group wider than the KV
-// heads) are skipped and listed.
+// `cellshard sweep`: a grid of runs (nodes x topology x link x batch) written
+// to DIR/sweep.csv (the columns of CLI.md) and drawn as PNG plots with
+// gnuplot: latency, throughput and communication share against node count,
+// one line per topology, link and batch. The nodes are in-process, or with
+// --cluster the first N daemons of a cluster file for a point of N nodes
+// (issue #25: calibration over the lab's shaped links; the links are the
+// daemons', so --cluster-link only names them in the CSV). Points the model
+// cannot be split into (more stages than layers, a tensor group wider than
+// the KV heads) are skipped and listed.
 #include "actors/cluster.hpp"
+#include "actors/remote.hpp"
 #include "actors/run_report.hpp"
 #include "base/percentile.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "topologies/profile.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -37,6 +42,9 @@ struct sweep_opts {
   std::vector<int> batches = {1};
   bool no_plots = false;
   int ctx = 0;  // --ctx (0: the file's context length)
+  std::string cluster;       // --cluster FILE: daemons instead of in-process nodes
+  std::string cluster_link;  // --cluster-link: the daemons' links as the CSV's link column
+  std::string tls_cert, tls_key, tls_ca;
 };
 
 void progress(int done, int total, const std::string& what) {
@@ -89,16 +97,38 @@ int do_sweep(const sweep_opts& o) {
   gp.sampling = {o.temperature, o.topp, o.seed};
   gp = model::normalise(gp, mc.seq_len);
 
+  // --cluster: the daemons, and the first N of them for a point of N nodes.
+  std::vector<actors::remote_node> daemons;
+  actors::remote_options ro;
+  std::vector<std::string> links = o.links;
+  if (!o.cluster.empty()) {
+    auto nodes = actors::parse_cluster_json(read_text(o.cluster), o.cluster);
+    if (!nodes) throw cli_error(nodes.message(), 2);
+    daemons = *nodes;
+    const int most = *std::max_element(o.nodes.begin(), o.nodes.end());
+    if (most > static_cast<int>(daemons.size()))
+      throw cli_error("--nodes " + std::to_string(most) + ": " + o.cluster + " lists only " +
+                          std::to_string(daemons.size()) + " node(s)",
+                      2);
+    ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
+    ro.default_profile = o.profile;
+    if (!o.cluster_link.empty() && o.cluster_link != "none") {
+      auto l = topologies::parse_link(o.cluster_link);
+      if (!l) throw cli_error("--cluster-link: " + l.message(), 2);
+    }
+    links = {o.cluster_link.empty() ? "none" : o.cluster_link};
+  }
+
   std::ofstream csv(o.out + "/sweep.csv");
   if (!csv) throw cli_error(o.out + "/sweep.csv: cannot write");
   csv << "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
          "bytes_per_token\n";
   const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);
   std::vector<std::string> skipped, series;
-  const int total = static_cast<int>(o.nodes.size() * o.topologies.size() * o.links.size() * o.batches.size());
+  const int total = static_cast<int>(o.nodes.size() * o.topologies.size() * links.size() * o.batches.size());
   int done = 0;
   for (const auto& topo : o.topologies)
-    for (const auto& link : o.links)
+    for (const auto& link : links)
       for (int batch : o.batches) {
         series.push_back(topo + "|" + link + "|" + std::to_string(batch));
         for (int n : o.nodes) {
@@ -113,8 +143,13 @@ int do_sweep(const sweep_opts& o) {
           co.nodes = n;
           co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n) : topo;
           co.profile = o.profile;
-          co.link = link == "none" ? "" : link;
+          co.link = link == "none" || !daemons.empty() ? "" : link;
           co.sessions = batch;
+          if (!daemons.empty()) {
+            std::vector<actors::remote_node> first(daemons.begin(), daemons.begin() + n);
+            for (auto& d : first) d.spare = false;
+            co.host = std::make_shared<actors::remote_host>(std::move(first), ro);
+          }
           auto c = actors::cluster::start(co);
           if (!c) {
             skipped.push_back(what + ": " + c.message());
@@ -194,7 +229,22 @@ void add_sweep(CLI::App& app, int& status) {
   cmd->add_option("--batch", o->batches, "batch sizes, e.g. 1,8")->delimiter(',')->capture_default_str();
   cmd->add_option("--out", o->out, "output folder")->capture_default_str();
   cmd->add_flag("--no-plots", o->no_plots, "CSV only");
-  cmd->callback([o, &status] { status = do_sweep(*o); });
+  auto* cl = cmd->add_option("--cluster", o->cluster,
+                             "node daemons (run's cluster file): a point of N nodes uses the first N");
+  cmd->add_option("--cluster-link", o->cluster_link,
+                  "with --cluster: the daemons' links as BANDWIDTH:LATENCY (e.g. shaped by tc in scripts/lab.sh), "
+                  "written in the link column")
+      ->needs(cl);
+  cmd->add_option("--tls-cert", o->tls_cert, "with --cluster: mutual TLS, this side's certificate (PEM)")->needs(cl);
+  cmd->add_option("--tls-key", o->tls_key, "with --cluster: this side's private key (PEM)")->needs(cl);
+  cmd->add_option("--tls-ca", o->tls_ca, "with --cluster: the CA that signed the nodes' certificates (PEM)")->needs(cl);
+  cmd->callback([o, &status, cmd] {
+    if (!o->cluster.empty() && cmd->count("--link") > 0)
+      throw cli_error("--link shapes in-process nodes; with --cluster the daemons' links are what they are: "
+                      "name them with --cluster-link",
+                      2);
+    status = do_sweep(*o);
+  });
 }
 
 }  // namespace cellshard::tools

@@ -2,6 +2,8 @@
 // least-squares fit of the planner's constants.
 #include "topologies/plan_calibrate.hpp"
 
+#include "base/parse.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -211,6 +213,34 @@ result<plan_request> request_for_row(const sweep_row& row, const plan_request& b
   return r;
 }
 
+namespace {
+
+/// The planner's prediction for one row under `assume`, beside the row's measurements.
+result<calibration_point> predict_row(const sweep_row& row, plan_request r, const plan_assumptions& assume) {
+  r.assume = assume;
+  auto p = plan(r);
+  if (!p) return make_error("line " + std::to_string(row.line) + ": " + p.message());
+  calibration_point pt;
+  pt.line = row.line;
+  pt.model = r.model.name;
+  pt.topology = to_string(p->layout.topology);
+  pt.nodes = r.nodes;
+  pt.batch = r.batch;
+  pt.link = row.link;
+  pt.measured_tpot_ms = row.tpot_ms_p50;
+  pt.predicted_tpot_ms = p->per_token_latency_s * 1000.0;
+  pt.error = (pt.predicted_tpot_ms - pt.measured_tpot_ms) / pt.measured_tpot_ms;
+  pt.measured_tokens_per_s = row.tokens_per_s;
+  pt.predicted_tokens_per_s = p->tokens_per_s;
+  if (row.tokens_per_s > 0)
+    pt.tokens_per_s_error = (pt.predicted_tokens_per_s - row.tokens_per_s) / row.tokens_per_s;
+  pt.measured_comm_share = row.comm_share;
+  pt.predicted_comm_share = p->chain_s > 0 ? std::max(0.0, 1.0 - p->chain_compute_s / p->chain_s) : 0.0;
+  return pt;
+}
+
+}  // namespace
+
 result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_request& base,
                               const model_resolver& resolve) {
   if (rows.empty()) return make_error("--calibrate: no rows to fit");
@@ -318,25 +348,89 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
   c.free = free_names;
   double sum2 = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
-    plan_request r = ps[i].req;
-    r.assume = c.fitted;
-    auto p = plan(r);
-    if (!p) return make_error("line " + std::to_string(used[i]->line) + ": " + p.message());
-    calibration_point pt;
-    pt.model = r.model.name;
-    pt.topology = to_string(p->layout.topology);
-    pt.nodes = r.nodes;
-    pt.batch = r.batch;
-    pt.measured_tpot_ms = used[i]->tpot_ms_p50;
-    pt.predicted_tpot_ms = p->per_token_latency_s * 1000.0;
-    pt.error = (pt.predicted_tpot_ms - pt.measured_tpot_ms) / pt.measured_tpot_ms;
-    c.max_abs_error = std::max(c.max_abs_error, std::fabs(pt.error));
-    sum2 += pt.error * pt.error;
-    c.points.push_back(pt);
+    auto pt = predict_row(*used[i], ps[i].req, c.fitted);
+    if (!pt) return pt.err();
+    c.max_abs_error = std::max(c.max_abs_error, std::fabs(pt->error));
+    sum2 += pt->error * pt->error;
+    c.points.push_back(*pt);
   }
   c.rms_error = std::sqrt(sum2 / static_cast<double>(c.points.size()));
   c.skipped = static_cast<int>(rows.size() - ps.size());
   return c;
+}
+
+result<holdout_rule> parse_holdout(const std::string& text) {
+  const std::string want = "--holdout: expected every:K[:J] (K >= 2, 0 <= J < K) or nodes:N (N >= 2), got '" + text + "'";
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char ch : text) {
+    if (ch == ':') {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  parts.push_back(cur);
+  auto number = [](const std::string& s, int& out) {
+    const auto v = parse_uint<int>(s);
+    if (v) out = *v;
+    return v.has_value();
+  };
+  holdout_rule h;
+  if (parts[0] == "every" && (parts.size() == 2 || parts.size() == 3)) {
+    h.kind = holdout_rule::every;
+    if (!number(parts[1], h.n) || h.n < 2) return make_error(want);
+    h.offset = h.n - 1;
+    if (parts.size() == 3 && (!number(parts[2], h.offset) || h.offset >= h.n)) return make_error(want);
+    return h;
+  }
+  if (parts[0] == "nodes" && parts.size() == 2) {
+    h.kind = holdout_rule::nodes_at_least;
+    if (!number(parts[1], h.n) || h.n < 2) return make_error(want);
+    h.offset = 0;
+    return h;
+  }
+  return make_error(want);
+}
+
+std::string to_string(const holdout_rule& h) {
+  if (h.kind == holdout_rule::nodes_at_least) return "nodes:" + std::to_string(h.n);
+  return "every:" + std::to_string(h.n) + ":" + std::to_string(h.offset);
+}
+
+result<validation> validate(const std::vector<sweep_row>& rows, const plan_request& base,
+                            const model_resolver& resolve, const holdout_rule& rule) {
+  std::vector<sweep_row> train, test;
+  validation v;
+  v.rule = rule;
+  int position = 0;  // among the batch-1 rows
+  for (const auto& row : rows) {
+    if (row.batch > 1) {
+      ++v.skipped;
+      continue;
+    }
+    const bool hold = rule.kind == holdout_rule::nodes_at_least ? row.nodes >= rule.n : position % rule.n == rule.offset;
+    ++position;
+    (hold ? test : train).push_back(row);
+  }
+  if (train.empty()) return make_error("--holdout " + to_string(rule) + " holds out every row: nothing left to fit");
+  if (test.empty()) return make_error("--holdout " + to_string(rule) + " holds out no row: nothing to validate");
+  auto fit = calibrate(train, base, resolve);
+  if (!fit) return fit.err();
+  v.fit = *fit;
+  for (const auto& row : test) {
+    auto r = request_for_row(row, base, resolve);
+    if (!r) return r.err();
+    auto pt = predict_row(row, *r, v.fit.fitted);
+    if (!pt) return pt.err();
+    v.max_abs_error = std::max(v.max_abs_error, std::fabs(pt->error));
+    v.max_abs_tokens_per_s_error = std::max(v.max_abs_tokens_per_s_error, std::fabs(pt->tokens_per_s_error));
+    v.max_abs_comm_share_error =
+        std::max(v.max_abs_comm_share_error, std::fabs(pt->predicted_comm_share - pt->measured_comm_share));
+    v.held_out.push_back(*pt);
+  }
+  return v;
 }
 
 }  // namespace cellshard::topologies

@@ -55,13 +55,23 @@ struct sweep_row {
 result<std::vector<sweep_row>> parse_sweep_csv(const std::string& text, const std::string& name);
 
 struct calibration_point {
+  int line = 0;          // the row's line in the CSV
   std::string model;
   std::string topology;  // as planned (resolved)
   int nodes = 0;
   int batch = 1;
+  std::string link;      // the row's link column
   double measured_tpot_ms = 0;
   double predicted_tpot_ms = 0;
   double error = 0;  // (predicted - measured) / measured
+  /// tokens/s: measured (the row; 0 when the CSV lacks it) and predicted.
+  double measured_tokens_per_s = 0;
+  double predicted_tokens_per_s = 0;
+  double tokens_per_s_error = 0;  // (predicted - measured) / measured; 0 without a measurement
+  /// Communication share: measured (the row) and predicted, 1 - the chain's
+  /// compute time / the chain's time per token (plan_result).
+  double measured_comm_share = 0;
+  double predicted_comm_share = 0;
 };
 
 struct calibration {
@@ -87,6 +97,37 @@ model_resolver preset_resolver(const model_spec* fallback);
 /// topology or model the planner rejects (named by line).
 result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_request& base,
                               const model_resolver& resolve);
+
+/// Which rows a validation holds out of the fit (issue #25), chosen from the
+/// rows alone, so the split is the same on every run:
+///   every:K[:J]  the rows whose position among the batch-1 rows (in file
+///                order, from 0) is J modulo K (J defaults to K - 1);
+///   nodes:N      the rows with N or more nodes (extrapolation in scale).
+struct holdout_rule {
+  enum kind_t { every, nodes_at_least } kind = every;
+  int n = 2;       // K, or N
+  int offset = 1;  // J (every)
+};
+/// Parses "every:4", "every:4:0", "nodes:8". Errors say what was expected.
+result<holdout_rule> parse_holdout(const std::string& text);
+/// "every:4:3" / "nodes:8".
+std::string to_string(const holdout_rule& h);
+
+/// A fit on the training rows and its predictions for the held-out ones.
+struct validation {
+  holdout_rule rule;
+  calibration fit;                       // fitted on the rows not held out
+  std::vector<calibration_point> held_out;
+  double max_abs_error = 0;              // held-out tpot, the largest |error|
+  double max_abs_tokens_per_s_error = 0; // held-out tokens/s
+  double max_abs_comm_share_error = 0;   // held-out comm share, absolute
+  int skipped = 0;                       // rows left out of both (batch > 1)
+};
+/// Fits on the rows `rule` does not hold out and predicts the others with
+/// the fitted constants. Errors: as calibrate, and a split that leaves no
+/// training or no held-out row.
+result<validation> validate(const std::vector<sweep_row>& rows, const plan_request& base,
+                            const model_resolver& resolve, const holdout_rule& rule);
 
 /// The plan request of one row on `base` (exposed for tests and the tool).
 result<plan_request> request_for_row(const sweep_row& row, const plan_request& base, const model_resolver& resolve);

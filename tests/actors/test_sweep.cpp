@@ -63,3 +63,69 @@ TEST_CASE("gguf: a sweep over stories260K.gguf", "[sweep][gguf]") {
   }
   CHECK(rows == 4);
 }
+
+// Issue #25: `sweep --cluster` measures node daemons (the lab's, shaped by tc;
+// here two plain daemons on loopback): a point of N nodes uses the first N
+// daemons of the file, and --cluster-link names their links in the CSV.
+#include "actors/local_daemons.hpp"
+
+TEST_CASE("sweep --cluster: the first N daemons for a point of N nodes", "[sweep][processes]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("sweep-cluster");
+  actors::local_daemon_options lo;
+  lo.binary = test::cellshard_bin();
+  lo.models_dir = test::shared_file("models");
+  auto d = actors::local_daemons::start(2, 0, lo);
+  REQUIRE(d.ok());
+  const std::string cluster = dir + "/cluster.json";
+  REQUIRE((*d)->write_cluster_file(cluster).ok());
+  const std::string out = dir + "/out";
+  auto r = test::run_command({test::cellshard_bin(), "sweep", "--cluster", cluster, "--cluster-link", "1gbit:50us",
+                              "-m", test::shared_file("models/stories260K.bin"), "-z",
+                              test::shared_file("models/tok512.bin"), "-n", "16", "--nodes", "1,2", "--topology",
+                              "pipeline,tensor", "--out", out, "--no-plots"},
+                             180);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  std::istringstream csv(test::read_file(out + "/sweep.csv"));
+  std::string header, line;
+  std::getline(csv, header);
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(csv, line)) {
+    std::vector<std::string> cols;
+    std::istringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) cols.push_back(c);
+    REQUIRE(cols.size() == 13u);
+    rows.push_back(cols);
+  }
+  REQUIRE(rows.size() == 4u);
+  // stories260K: dim 64, 5 layers. Bytes between daemons per token: none on
+  // one node; one activation of 64 floats over a 2-stage pipeline; a tensor
+  // group of 2 sends the embedding once and, per layer, each rank its
+  // partial of two reductions: (1 + 2 x 2 x 5) x 64 x 4 bytes.
+  const std::vector<std::string> want_bytes = {"0", "256", "0", "5376"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    INFO(i);
+    CHECK(rows[i][0] == "stories260K.bin");
+    CHECK(rows[i][1] == (i < 2 ? "pipeline" : "tensor"));
+    CHECK(rows[i][2] == (i % 2 ? "2" : "1"));
+    CHECK(rows[i][5] == "1gbit:50us");
+    CHECK(std::stod(rows[i][8]) > 0);  // tpot_ms_p50
+    CHECK(rows[i][12] == want_bytes[i]);
+  }
+
+  // Errors: more nodes than the file lists; --link, which shapes in-process
+  // nodes only.
+  auto many = test::run_command({test::cellshard_bin(), "sweep", "--cluster", cluster, "-m",
+                                 test::shared_file("models/stories260K.bin"), "-z", test::shared_file("models/tok512.bin"),
+                                 "--nodes", "1,3", "--out", out},
+                                60);
+  CHECK(many.status == 2);
+  CHECK_THAT(many.err, Catch::Contains("--nodes 3") && Catch::Contains("lists only 2 node(s)"));
+  auto link = test::run_command({test::cellshard_bin(), "sweep", "--cluster", cluster, "--link", "1gbit:1ms", "-m",
+                                 test::shared_file("models/stories260K.bin"), "-z",
+                                 test::shared_file("models/tok512.bin"), "--out", out},
+                                60);
+  CHECK(link.status == 2);
+  CHECK_THAT(link.err, Catch::Contains("--cluster-link"));
+}

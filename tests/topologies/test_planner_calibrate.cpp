@@ -1,6 +1,7 @@
 // Calibration of the planner (topologies/plan_calibrate.hpp): the sweep CSV
 // reader, recovery of known constants from a synthetic sweep, and the fit to
-// the sweep measured here (docs/planner-sweep-stories260k.csv).
+// the sweep measured here (docs/planner-sweep-stories260k.csv), and held-out
+// validation (issue #25).
 #include "topologies/plan_calibrate.hpp"
 
 #include "tests/support.hpp"
@@ -33,6 +34,49 @@ const char* header =
     "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
     "bytes_per_token\n";
 
+/// Rows: pipeline 1..5 and tensor 1..4 on stories260K, in process (link
+/// none: no serialisation) and over shaped links (where bytes are
+/// serialised); their "measured" TPOT, tokens/s and comm share are the
+/// planner's own prediction under `truth`. A batch-4 row is there to be
+/// left out. `points`: the batch-1 rows.
+std::string synthetic_sweep(const plan_request& base, const plan_assumptions& truth, int& points) {
+  std::string csv = header;
+  auto model = find_model_preset("stories260k");
+  REQUIRE(model);
+  points = 0;
+  for (const char* link : {"none", "1gbit:100us", "100mbit:1ms"}) {
+    for (const char* topo : {"pipeline", "tensor"}) {
+      const int most = std::string(topo) == "pipeline" ? 5 : 4;
+      for (int n = 1; n <= most; ++n) {
+        plan_request r = base;
+        r.model = *model;
+        r.nodes = n;
+        r.topology = *parse_plan_topology(topo);
+        r.assume = truth;
+        if (std::string(link) != "none") r.hw.node.link = *parse_link(link);
+        auto p = plan(r);
+        REQUIRE(p);
+        char line[256];
+        std::snprintf(line, sizeof line, "stories260K,%s,%d,0,0,%s,1,0,%.17g,0,%.17g,%.17g,0\n", topo, n, link,
+                      p->per_token_latency_s * 1000, p->tokens_per_s, 1.0 - p->chain_compute_s / p->chain_s);
+        csv += line;
+        ++points;
+      }
+    }
+  }
+  csv += "stories260K,pipeline,2,0,0,none,4,0,1.0,0,0,0,0\n";
+  return csv;
+}
+
+plan_assumptions synthetic_truth(const plan_request& base) {
+  plan_assumptions truth = base.assume;
+  truth.compute_efficiency = 0.55;
+  truth.message_overhead_s = 4e-6;
+  truth.sync_overhead_s = 2.5e-6;
+  truth.byte_overhead_s = 2e-10;
+  return truth;
+}
+
 }  // namespace
 
 TEST_CASE("sweep CSV: header-named columns, errors by line and column", "[planner][calibrate]") {
@@ -64,43 +108,69 @@ TEST_CASE("sweep CSV: header-named columns, errors by line and column", "[planne
   CHECK_FALSE(res("mystery"));
 }
 
+
+TEST_CASE("held-out validation: a deterministic split, predictions of rows the fit never saw", "[planner][calibrate]") {
+  const plan_request base = host_base();
+  const plan_assumptions truth = synthetic_truth(base);
+  int points = 0;
+  auto rows = parse_sweep_csv(synthetic_sweep(base, truth, points), "synthetic.csv");
+  REQUIRE(rows);
+
+  auto every = parse_holdout("every:4");
+  REQUIRE(every);
+  CHECK(to_string(*every) == "every:4:3");
+  auto v = validate(*rows, base, preset_resolver(nullptr), *every);
+  REQUIRE(v);
+  // 27 batch-1 rows: positions 3, 7, ..., 23 are held out (6), 21 fitted;
+  // the batch-4 row is in neither.
+  REQUIRE(points == 27);
+  CHECK(v->held_out.size() == 6u);
+  CHECK(v->fit.points.size() == 21u);
+  CHECK(v->skipped == 1);
+  CHECK(v->held_out[0].line == 2 + 3);  // header is line 1
+  CHECK(v->held_out[1].line == 2 + 7);
+  // Data made by the planner itself: the held-out rows are predicted exactly,
+  // in time per token, tokens/s and comm share.
+  CHECK(v->fit.fitted.compute_efficiency == Approx(truth.compute_efficiency).epsilon(1e-6));
+  CHECK(v->max_abs_error < 1e-6);
+  CHECK(v->max_abs_tokens_per_s_error < 1e-6);
+  CHECK(v->max_abs_comm_share_error < 1e-9);
+  // The same split on a second run.
+  auto again = validate(*rows, base, preset_resolver(nullptr), *every);
+  REQUIRE(again);
+  for (size_t i = 0; i < v->held_out.size(); ++i) CHECK(again->held_out[i].line == v->held_out[i].line);
+
+  // Extrapolation in scale: fit on 1-3 nodes, predict 4 and 5.
+  auto big = validate(*rows, base, preset_resolver(nullptr), *parse_holdout("nodes:4"));
+  REQUIRE(big);
+  CHECK(big->held_out.size() == 9u);  // pipeline 4, 5 and tensor 4, on three links
+  for (const auto& pt : big->held_out) CHECK(pt.nodes >= 4);
+  CHECK(big->max_abs_error < 1e-6);
+
+  // A measurement the planner does not reproduce shows up as that row's error.
+  std::vector<sweep_row> off = *rows;
+  off[3].tpot_ms_p50 *= 2;  // held out by every:4
+  auto w = validate(off, base, preset_resolver(nullptr), *every);
+  REQUIRE(w);
+  CHECK(w->held_out[0].error == Approx(-0.5).margin(1e-6));
+  CHECK(w->max_abs_error == Approx(0.5).margin(1e-6));
+
+  // Splits that leave nothing on one side, and bad rules.
+  CHECK_FALSE(validate(*rows, base, preset_resolver(nullptr), *parse_holdout("nodes:9")));
+  for (const char* bad : {"every:1", "every:4:4", "every", "nodes:1", "nodes:x", "half", "every:-2"}) {
+    INFO(bad);
+    auto r = parse_holdout(bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.message().find("every:K") != std::string::npos);
+  }
+  CHECK(parse_holdout("every:3:0")->offset == 0);
+}
+
 TEST_CASE("calibration recovers the constants a synthetic sweep was made with", "[planner][calibrate]") {
   plan_request base = host_base();
-  plan_assumptions truth = base.assume;
-  truth.compute_efficiency = 0.55;
-  truth.message_overhead_s = 4e-6;
-  truth.sync_overhead_s = 2.5e-6;
-  truth.byte_overhead_s = 2e-10;
-
-  // Rows: pipeline 1..5 and tensor 1..4 on stories260K, in process (link
-  // none: no serialisation) and over shaped links (where bytes are
-  // serialised); their "measured" TPOT is the planner's own prediction under
-  // `truth`. A batch-4 row is there to be left out.
-  std::string csv = header;
-  auto model = find_model_preset("stories260k");
-  REQUIRE(model);
+  const plan_assumptions truth = synthetic_truth(base);
   int expected_points = 0;
-  for (const char* link : {"none", "1gbit:100us", "100mbit:1ms"}) {
-    for (const char* topo : {"pipeline", "tensor"}) {
-      const int most = std::string(topo) == "pipeline" ? 5 : 4;
-      for (int n = 1; n <= most; ++n) {
-        plan_request r = base;
-        r.model = *model;
-        r.nodes = n;
-        r.topology = *parse_plan_topology(topo);
-        r.assume = truth;
-        if (std::string(link) != "none") r.hw.node.link = *parse_link(link);
-        auto p = plan(r);
-        REQUIRE(p);
-        char line[256];
-        std::snprintf(line, sizeof line, "stories260K,%s,%d,0,0,%s,1,0,%.17g,0,0,0,0\n", topo, n, link,
-                      p->per_token_latency_s * 1000);
-        csv += line;
-        ++expected_points;
-      }
-    }
-  }
-  csv += "stories260K,pipeline,2,0,0,none,4,0,1.0,0,0,0,0\n";
+  const std::string csv = synthetic_sweep(base, truth, expected_points);
   auto rows = parse_sweep_csv(csv, "synthetic.csv");
   REQUIRE(rows);
   auto c = calibrate(*rows, base, preset_resolver(nullptr));
