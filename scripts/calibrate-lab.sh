@@ -15,7 +15,8 @@
 # bandwidth measured here times the CPU share, and how many capped nodes the
 # cores run at once), OUTDIR/holdout-every4.json and OUTDIR/holdout-nodes8.json
 # (plan --json with the held-out predictions; .txt: what plan printed), the
-# model's shape for the planner (lab8.config.json) and the plots of each sweep.
+# model's shape for the planner (lab8.config.json), the plots of each sweep and
+# failed.txt: the points whose run failed (not in the CSV; empty when none).
 # Needs root (ip netns, tc, cgroups), iperf3, gnuplot and a build. Takes
 # about 10 minutes on 2 idle cores. Environment: CELLSHARD_LAB_CPU (percent of
 # a core per daemon, default 25), CELLSHARD_LAB_RATES (default "1gbit
@@ -35,6 +36,7 @@ NODES=${GRID##*,}
 [ -x "$B" ] || { echo "calibrate-lab.sh: no binary at $B (scripts/build.sh)" >&2; exit 1; }
 [ -f "$M/tok512.bin" ] && [ -f "$M/stories260K.bin" ] || { echo "calibrate-lab.sh: no models in $M" >&2; exit 1; }
 mkdir -p "$OUT"
+: > "$OUT/failed.txt"
 TMP=$(mktemp -d)
 cleanup() { scripts/lab.sh down >/dev/null 2>&1 || true; rm -rf "$TMP"; }
 trap cleanup EXIT
@@ -73,7 +75,9 @@ for rate in $RATES; do
   CELLSHARD_MODELS=$TMP/models scripts/lab.sh up "$NODES" --rate "$rate" --cpu "$CPU" >&2
   "$B" sweep --cluster /tmp/cellshard-lab/cluster.json --cluster-link "$rate:50us" -m "$TMP/models/lab8.bin" \
     -z "$TMP/models/tok512.bin" -n "$STEPS" --nodes "$GRID" --topology pipeline,tensor,hybrid:2x2,hybrid:2x4 \
-    --batch 1,8 --out "$TMP/sweep-$rate"
+    --batch 1,8 --out "$TMP/sweep-$rate" 2> >(tee "$TMP/sweep-$rate.err" >&2) ||
+    echo "calibrate-lab.sh: some points at $rate failed; they are listed in $OUT/failed.txt" >&2
+  sed -n '/point(s) failed/,$p' "$TMP/sweep-$rate.err" | sed "s/^/$rate: /" >> "$OUT/failed.txt"
   scripts/lab.sh down >/dev/null
   if [ "$header_done" -eq 0 ]; then head -1 "$TMP/sweep-$rate/sweep.csv" >> "$CSV"; header_done=1; fi
   tail -n +2 "$TMP/sweep-$rate/sweep.csv" >> "$CSV"

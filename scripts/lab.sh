@@ -125,7 +125,8 @@ up() {
     measured=""
     for _ in $(seq 1 50); do  # wait for the server, at most 5 s
       if ip netns exec "$PREFIX-1" iperf3 -c "$SUBNET.10" -p 5201 -t 2 -J > "$LAB/iperf.json" 2>/dev/null; then
-        measured=$(grep -m1 -A8 '"sum_received"' "$LAB/iperf.json" | grep bits_per_second | tr -dc '0-9.')
+        # (|| true: under pipefail a report without the field must not end the script)
+        measured=$( (grep -m1 -A8 '"sum_received"' "$LAB/iperf.json" | grep bits_per_second | tr -dc '0-9.') || true)
         break
       fi
       sleep 0.1

@@ -6,7 +6,8 @@
 // (issue #25: calibration over the lab's shaped links; the links are the
 // daemons', so --cluster-link only names them in the CSV). Points the model
 // cannot be split into (more stages than layers, a tensor group wider than
-// the KV heads) are skipped and listed.
+// the KV heads) are skipped and listed; points whose run failed are listed
+// too, and the sweep then exits 1.
 #include "actors/cluster.hpp"
 #include "actors/remote.hpp"
 #include "actors/run_report.hpp"
@@ -124,7 +125,7 @@ int do_sweep(const sweep_opts& o) {
   csv << "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
          "bytes_per_token\n";
   const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);
-  std::vector<std::string> skipped, series;
+  std::vector<std::string> skipped, failed, series;
   const int total = static_cast<int>(o.nodes.size() * o.topologies.size() * links.size() * o.batches.size());
   int done = 0;
   for (const auto& topo : o.topologies)
@@ -163,12 +164,19 @@ int do_sweep(const sweep_opts& o) {
             (*c)->submit(gp, {}, [p](uint64_t, const actors::session_outcome& so) { p->set_value(so); });
           }
           std::vector<actors::session_outcome> outs;
+          std::string error;
           for (auto& p : ps) {
             auto f = p->get_future();
             if (f.wait_for(std::chrono::minutes(10)) != std::future_status::ready)
               throw cli_error(what + ": a run did not finish within 10 minutes");
             outs.push_back(f.get());
-            if (!outs.back().ok) throw cli_error(what + ": " + outs.back().error);
+            if (!outs.back().ok && error.empty()) error = outs.back().error;
+          }
+          // A point whose run failed (e.g. a node lost with no spare) is
+          // listed, not written; the sweep goes on and exits 1 at the end.
+          if (!error.empty()) {
+            failed.push_back(what + ": " + error);
+            continue;
           }
           const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
           int tokens = 0;
@@ -205,6 +213,11 @@ int do_sweep(const sweep_opts& o) {
     plot(o.out, "bytes_per_token", "bytes between nodes per token", "bytes", 13, series, false);
   }
   std::fprintf(stderr, "wrote %s/sweep.csv%s\n", o.out.c_str(), o.no_plots ? "" : " and PNG plots");
+  if (!failed.empty()) {
+    std::fprintf(stderr, "error: %zu point(s) failed and are not in the CSV:\n", failed.size());
+    for (auto& s : failed) std::fprintf(stderr, "  %s\n", s.c_str());
+    return 1;
+  }
   return 0;
 }
 

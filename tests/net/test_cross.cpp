@@ -8,7 +8,8 @@
 //   - the big-endian daemon SIGKILLed mid-generation: its shard restored on an
 //     x86 spare from the KV checkpoints it wrote; and the other way round;
 //   - a journal written by a big-endian front end resumed on x86, and the
-//     other way round.
+//     other way round;
+//   - the same group with mutual TLS on every link (certificates made on x86).
 //
 // The tests run when the environment variable CELLSHARD_CROSS_S390X names the
 // cross build's OUTDIR (CI's cross phase sets it) and qemu-s390x-static is
@@ -102,9 +103,11 @@ std::vector<std::string> run_args(const fixture& f, const std::vector<std::strin
 struct mixed_cluster {
   std::string dir;
   std::vector<std::unique_ptr<test::daemon_process>> nodes;
-  mixed_cluster(const std::string& name, const std::vector<bool>& be, const std::vector<std::string>& qemu) {
+  mixed_cluster(const std::string& name, const std::vector<bool>& be, const std::vector<std::string>& qemu,
+                const std::vector<std::string>& extra = {}) {
     dir = test::temp_dir(name);
-    const std::vector<std::string> args = {"--models", test::shared_file("models")};
+    std::vector<std::string> args = {"--models", test::shared_file("models")};
+    args.insert(args.end(), extra.begin(), extra.end());
     for (bool b : be) {
       nodes.push_back(std::make_unique<test::daemon_process>(dir, args, b ? 120 : 20,
                                                              b ? qemu : std::vector<std::string>{}));
@@ -188,6 +191,42 @@ TEST_CASE("an s390x daemon beside two x86 daemons: fixture ids as a pipeline of 
       CHECK_THAT(r.err, Catch::Contains("(big-endian) has no 'blas' backend") && Catch::Contains("'native'"));
     }
   }
+}
+
+TEST_CASE("mutual TLS across byte orders: an s390x daemon in a TLS tensor group and pipeline of 3",
+          "[net][cross][tls]") {
+  // The certificates come from the x86 binary (`cellshard certs`); the
+  // big-endian daemon's OpenSSL (Debian's s390x build) reads the same PEM
+  // files, and every link of the group, both directions, is TLS.
+  if (!test::have_shared()) return;
+  const auto qemu = s390x_command();
+  if (qemu.empty()) return;
+  const std::string pki = test::temp_dir("cross-tls-pki");
+  auto certs = test::run_command({test::cellshard_bin(), "certs", pki, "--force"}, 60);
+  INFO(certs.err);
+  REQUIRE(certs.status == 0);
+  mixed_cluster c("cross-tls", {false, true, false}, qemu,
+                  {"--tls-cert", pki + "/node.pem", "--tls-key", pki + "/node.key", "--tls-ca", pki + "/ca.pem"});
+  const std::string file = c.cluster_file(0);
+  const fixture f = load_fixture("topp_t0.5_p0.95_s7_n150");
+  for (const std::string topo : {"tensor", "pipeline"}) {
+    std::vector<std::string> args = {test::cellshard_bin()};
+    const auto more = run_args(f, {"--cluster", file, "--topology", topo, "--kernels", "blas", "--tls-cert",
+                                   pki + "/client.pem", "--tls-key", pki + "/client.key", "--tls-ca", pki + "/ca.pem"});
+    args.insert(args.end(), more.begin(), more.end());
+    auto r = test::run_command(args, run_deadline_s);
+    INFO(topo << "\n" << r.err << "\n" << c.logs());
+    CHECK(r.status == 0);
+    CHECK(r.out == f.text);
+  }
+  // Without a client certificate the TLS daemons let nothing through.
+  std::vector<std::string> plain = {test::cellshard_bin()};
+  const auto more = run_args(f, {"--cluster", file, "--topology", "pipeline"});
+  plain.insert(plain.end(), more.begin(), more.end());
+  auto r = test::run_command(plain, run_deadline_s);
+  INFO(r.err);
+  CHECK(r.status != 0);
+  CHECK(r.out.empty());
 }
 
 TEST_CASE("the s390x daemon SIGKILLed mid-generation: its shard restored on an x86 spare", "[net][cross]") {
