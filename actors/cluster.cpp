@@ -226,6 +226,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   po.weights = *wf;
   // A GGUF model keeps each matrix in its file type: account its real bytes.
   po.weights = topologies::weight_format_of(*im->file, *wf);
+  auto reduce = topologies::parse_reduce_algorithm(opts.reduce);
+  if (!reduce) return reduce.err();
+  po.reduce = *reduce;
   auto plan = topologies::place(mc, im->host->nodes(), *strat, po);
   if (!plan) return plan.err();
   im->plan = std::move(*plan);

@@ -134,7 +134,11 @@ typename Inspector::result_type inspect(Inspector& f, activation& x) {
 }
 
 /// TP rank -> the other ranks of its group: its partial sum [count x dim] of
-/// layer `layer`, phase 0 (after attention) or 1 (after FFN).
+/// layer `layer`, phase 0 (after attention) or 1 (after FFN). With the
+/// scatter_gather reduce (topologies::reduce_algorithm) the same message
+/// carries [count x chunk] rows: phase 0/1, rank r's partial of the
+/// receiver's chunk; phase 2/3, sender `rank`'s finished chunk of x
+/// (topologies::reduce_chunks). No field changed: protocol 4 still.
 struct partial_sum {
   step_id id;
   int32_t layer = 0;

@@ -81,7 +81,8 @@ struct session_state {
   size_t pc = 0;               // the op of the program being executed
   bool posted = false;         // the compute op at pc is on the worker
   blob own;                    // this shard's partial for the reduce at pc
-  bool shared = false;         // the reduce at pc has sent `own` to its peers
+  bool shared = false;         // the reduce at pc has sent `own` (or its chunks) to its peers
+  bool gathered = false;       // scatter_gather: the reduce at pc has sent its finished chunk
   bool checkpointed = false;   // this step's KV delta is out (or not due)
   int64_t compute_ns = 0;      // critical-path compute so far
   caf::actor reply_to;
@@ -407,6 +408,150 @@ void post_classify(shard_actor* self, session_state& ss) {
   });
 }
 
+/// Received reduce messages are keyed (session, epoch, pos0, layer, phase):
+/// phase 0 / 1 the partials of the attention / FFN half (direct: whole
+/// vectors; scatter_gather: this rank's chunk of each), phase 2 / 3
+/// scatter_gather's finished chunks of that half (the all-gather). The
+/// partial_sum message carries the same phase numbers.
+constexpr int32_t gather_phase = 2;
+
+/// direct_rank_order: the own partial to every other peer; once all T are
+/// here, x += p_0 + p_1 + ... + p_{T-1} (summed in peers' order). True when done.
+bool reduce_direct(shard_actor* self, uint64_t session, session_state& ss, int me, int T, int layer, int phase) {
+  auto& st = self->state;
+  const auto& op = st.program[ss.pc];
+  const size_t n = static_cast<size_t>(ss.id.count) * st.init.weights->cfg().dim;
+  auto key = std::make_tuple(session, ss.id.epoch, ss.id.pos0, layer, phase);
+  auto& parts = st.partials[key];
+  if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
+  if (!ss.shared) {
+    ss.shared = true;
+    partial_sum p{ss.id, layer, phase, me, ss.own};
+    for (int r = 0; r < T; ++r) {
+      if (r == me) continue;
+      caf::actor to;
+      int32_t node = 0;
+      if (peer_of(st, op.peers[r], to, node)) deliver(self, to, node, p);
+    }
+    parts[me] = std::move(ss.own);
+  }
+  for (int r = 0; r < T; ++r)
+    if (parts[r].data.size() != n) return false;  // wait for peer r
+  if (T == 1) {
+    const float* p = parts[0].data.data();
+    for (size_t i = 0; i < n; ++i) ss.x[i] += p[i];
+  } else {
+    std::vector<float> acc = std::move(parts[0].data);
+    for (int r = 1; r < T; ++r) {
+      const float* p = parts[r].data.data();
+      for (size_t i = 0; i < n; ++i) acc[i] += p[i];
+    }
+    for (size_t i = 0; i < n; ++i) ss.x[i] += acc[i];
+  }
+  st.partials.erase(key);
+  return true;
+}
+
+/// Columns [c.begin, c.end) of every row of `v` ([count x dim]), row after row.
+std::vector<float> chunk_rows(const std::vector<float>& v, int count, int dim, topologies::range c) {
+  std::vector<float> out(static_cast<size_t>(count) * c.size());
+  for (int i = 0; i < count; ++i)
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(i) * dim + c.begin,
+              v.begin() + static_cast<std::ptrdiff_t>(i) * dim + c.end,
+              out.begin() + static_cast<std::ptrdiff_t>(i) * c.size());
+  return out;
+}
+
+/// scatter_gather (topologies::reduce_algorithm): chunk r of the own partial
+/// to rank r; once the T chunks of its own chunk `me` are here, each element
+/// is summed p_0 + p_1 + ... + p_{T-1} in rank order and added to x (the
+/// same float operations as reduce_direct, so the same bits); the finished
+/// chunk goes to every other rank; once theirs are here, x is whole. True
+/// when done.
+bool reduce_scatter_gather(shard_actor* self, uint64_t session, session_state& ss, int me, int T, int layer,
+                           int phase) {
+  auto& st = self->state;
+  const auto& op = st.program[ss.pc];
+  const int dim = st.init.weights->cfg().dim;
+  const int count = ss.id.count;
+  const auto chunks = topologies::reduce_chunks(dim, T);
+  const topologies::range mine = chunks[static_cast<size_t>(me)];
+  auto send_peer = [&](int r, partial_sum p) {
+    caf::actor to;
+    int32_t node = 0;
+    if (peer_of(st, op.peers[r], to, node)) deliver(self, to, node, std::move(p));
+  };
+  auto skey = std::make_tuple(session, ss.id.epoch, ss.id.pos0, layer, phase);
+  if (!ss.gathered) {
+    auto& parts = st.partials[skey];
+    if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
+    if (!ss.shared) {  // reduce-scatter: chunk r of the own partial to rank r
+      ss.shared = true;
+      for (int r = 0; r < T; ++r) {
+        if (r == me) continue;
+        partial_sum p{ss.id, layer, phase, me, blob{}};
+        p.data.data = chunk_rows(ss.own.data, count, dim, chunks[static_cast<size_t>(r)]);
+        send_peer(r, std::move(p));
+      }
+      parts[me].data = chunk_rows(ss.own.data, count, dim, mine);
+      ss.own = blob{};
+    }
+    const size_t m = static_cast<size_t>(mine.size());
+    for (int r = 0; r < T; ++r)
+      if (parts[r].data.size() != static_cast<size_t>(count) * m) return false;  // wait for rank r's chunk
+    for (int i = 0; i < count; ++i) {
+      float* x = ss.x.data() + static_cast<size_t>(i) * dim + mine.begin;
+      const size_t row = static_cast<size_t>(i) * m;
+      for (size_t e = 0; e < m; ++e) {
+        float acc = parts[0].data[row + e];
+        for (int r = 1; r < T; ++r) acc += parts[r].data[row + e];
+        x[e] += acc;
+      }
+    }
+    st.partials.erase(skey);
+    // All-gather: the finished chunk to every other rank.
+    ss.gathered = true;
+    partial_sum fin{ss.id, layer, phase + gather_phase, me, blob{}};
+    fin.data.data = chunk_rows(ss.x, count, dim, mine);
+    for (int r = 0; r < T; ++r)
+      if (r != me) send_peer(r, fin);
+  }
+  auto gkey = std::make_tuple(session, ss.id.epoch, ss.id.pos0, layer, phase + gather_phase);
+  auto& got = st.partials[gkey];
+  if (got.size() != static_cast<size_t>(T)) got.resize(T);
+  for (int r = 0; r < T; ++r)
+    if (r != me && got[r].data.size() != static_cast<size_t>(count) * chunks[static_cast<size_t>(r)].size())
+      return false;  // wait for rank r's finished chunk
+  for (int r = 0; r < T; ++r) {
+    if (r == me) continue;
+    const topologies::range c = chunks[static_cast<size_t>(r)];
+    for (int i = 0; i < count; ++i)
+      std::copy(got[r].data.begin() + static_cast<std::ptrdiff_t>(i) * c.size(),
+                got[r].data.begin() + static_cast<std::ptrdiff_t>(i + 1) * c.size(),
+                ss.x.begin() + static_cast<std::ptrdiff_t>(i) * dim + c.begin);
+  }
+  st.partials.erase(gkey);
+  return true;
+}
+
+/// The reduce op at ss.pc, by its algorithm. True when x holds the reduced
+/// sum (the op is done); false while it waits for peers' messages.
+bool run_reduce(shard_actor* self, uint64_t session, session_state& ss, const topologies::shard_step& op) {
+  auto& st = self->state;
+  const int T = static_cast<int>(op.peers.size());
+  const int me = static_cast<int>(std::find(op.peers.begin(), op.peers.end(), st.init.index) - op.peers.begin());
+  const int layer = op.layers.begin;
+  const int phase = op.part == topologies::layer_part::ffn ? 1 : 0;
+  const bool done = op.algorithm == topologies::reduce_algorithm::scatter_gather
+                        ? reduce_scatter_gather(self, session, ss, me, T, layer, phase)
+                        : reduce_direct(self, session, ss, me, T, layer, phase);
+  if (done) {
+    ss.shared = false;
+    ss.gathered = false;
+  }
+  return done;
+}
+
 /// Executes the program of the step in flight from ss.pc as far as it can
 /// (issue #15: the placement's steps as data). A compute op goes to the
 /// worker (on_computed continues); a reduce waits until every peer's partial
@@ -426,47 +571,10 @@ void run_program(shard_actor* self, uint64_t session, session_state& ss) {
       case shard_op::compute:
         if (!ss.posted) post_compute(self, session, ss, op);
         return;  // on_computed goes on
-      case shard_op::reduce: {
-        const int T = static_cast<int>(op.peers.size());
-        const int me = static_cast<int>(std::find(op.peers.begin(), op.peers.end(), st.init.index) -
-                                        op.peers.begin());
-        const int layer = op.layers.begin;
-        const int phase = op.part == topologies::layer_part::ffn ? 1 : 0;
-        const size_t n = static_cast<size_t>(ss.id.count) * st.init.weights->cfg().dim;
-        auto key = std::make_tuple(session, ss.id.epoch, ss.id.pos0, layer, phase);
-        auto& parts = st.partials[key];
-        if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
-        if (!ss.shared) {
-          // direct_rank_order: the own partial to every other peer.
-          ss.shared = true;
-          partial_sum p{ss.id, layer, phase, me, ss.own};
-          for (int r = 0; r < T; ++r) {
-            if (r == me) continue;
-            caf::actor to;
-            int32_t node = 0;
-            if (peer_of(st, op.peers[r], to, node)) deliver(self, to, node, p);
-          }
-          parts[me] = std::move(ss.own);
-        }
-        for (int r = 0; r < T; ++r)
-          if (parts[r].data.size() != n) return;  // wait for peer r (the partial_sum handler resumes)
-        // x += p_0 + p_1 + ... + p_{T-1}, summed in peers' order (deterministic).
-        if (T == 1) {
-          const float* p = parts[0].data.data();
-          for (size_t i = 0; i < n; ++i) ss.x[i] += p[i];
-        } else {
-          std::vector<float> acc = std::move(parts[0].data);
-          for (int r = 1; r < T; ++r) {
-            const float* p = parts[r].data.data();
-            for (size_t i = 0; i < n; ++i) acc[i] += p[i];
-          }
-          for (size_t i = 0; i < n; ++i) ss.x[i] += acc[i];
-        }
-        st.partials.erase(key);
-        ss.shared = false;
+      case shard_op::reduce:
+        if (!run_reduce(self, session, ss, op)) return;  // waits for peers (the partial_sum handler resumes)
         ++ss.pc;
         break;
-      }
       case shard_op::forward: {
         checkpoint_step(self, ss);
         ++ss.pc;
@@ -562,6 +670,7 @@ void start_step(shard_actor* self, activation& a) {
   ss->pc = !st.program.empty() && st.program.front().op == topologies::shard_op::embed ? 1 : 0;
   ss->posted = false;
   ss->shared = false;
+  ss->gathered = false;
   ss->own = blob{};
   ss->checkpointed = false;
   ss->compute_ns = a.compute_ns;
@@ -775,7 +884,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
             it->second.id.pos0 == p.id.pos0 && it->second.pc < st.program.size()) {
           const auto& op = st.program[it->second.pc];
           if (op.op == topologies::shard_op::reduce && op.layers.begin == p.layer &&
-              (op.part == topologies::layer_part::ffn ? 1 : 0) == p.phase)
+              (op.part == topologies::layer_part::ffn ? 1 : 0) == (p.phase & 1))
             run_program(self, p.id.session, it->second);
         }
       },

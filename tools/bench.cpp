@@ -172,6 +172,12 @@ void add_bench(CLI::App& app, int& status) {
   cl->add_flag("--skip-large", co->skip_large, "leave out the synthetic stories110m model");
   cl->add_option("--kernels", co->kernels, "kernel backend")->capture_default_str();
   cl->add_option("--caf-threads", co->caf_threads, "CAF scheduler threads")->capture_default_str();
+  cl->add_option("--reduce", co->reduces, "all-reduce algorithms of the tensor rows: direct,scatter")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"direct", "scatter"}))
+      ->capture_default_str();
+  cl->add_option("--large-config", co->large_config, "synth preset of the large model (stories15m|stories42m|stories110m)")
+      ->capture_default_str();
   cl->add_option("--json", *json, "rows as JSON to FILE (- = stdout)");
   cl->callback([co, json, &status] {
     std::vector<bench_row> rows;

@@ -28,6 +28,11 @@ struct cluster_bench_options {
   bool skip_large = false;
   std::string kernels = "native";
   int caf_threads = 2;
+  /// Tensor groups run once per algorithm (`--reduce`): rows carry "reduce",
+  /// and the bytes rows of scatter have the direct run of the same point as
+  /// baseline (issue #19).
+  std::vector<std::string> reduces = {"direct", "scatter"};
+  std::string large_config = "stories110m";  // synth preset of the large model
 };
 
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows);

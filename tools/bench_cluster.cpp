@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 
 namespace cellshard::tools {
 
@@ -81,15 +82,20 @@ int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& ro
     models.push_back({lm.file->path(), lm.file, lm.tok, o.steps});
   }
   if (!o.skip_large) {
-    auto cfg = model::synth_preset("stories110m").value();
-    std::fprintf(stderr, "synthesising stories110m (418 MiB) in memory...\n");
-    auto f = model::model_file::from_bytes(model::synth_bytes(cfg, 1), "synth stories110m");
+    auto cfg = model::synth_preset(o.large_config);
+    if (!cfg) throw cli_error("--large-config: " + cfg.message(), 2);
+    std::fprintf(stderr, "synthesising %s in memory...\n", o.large_config.c_str());
+    auto f = model::model_file::from_bytes(model::synth_bytes(*cfg, 1), "synth " + o.large_config);
     if (!f) throw cli_error(f.message());
-    models.push_back({"synth stories110m", *f, model::tokenizer::byte_level(cfg.vocab_size),
+    models.push_back({"synth " + o.large_config, *f, model::tokenizer::byte_level(cfg->vocab_size),
                       o.large_steps});
   }
+  // Bytes per token of the direct reduce, by (model, nodes): the baseline of
+  // the scatter rows.
+  std::map<std::pair<std::string, int>, std::pair<double, double>> direct_bytes;
   for (const auto& mc : models) {
-    for (const char* topo : {"pipeline", "tensor"}) {
+    for (const char* topo : {"pipeline", "tensor"})
+      for (const std::string& reduce : std::string(topo) == "tensor" ? o.reduces : std::vector<std::string>{"direct"}) {
       double base = 0;
       for (int n : o.nodes) {
         actors::cluster_options co;
@@ -97,6 +103,7 @@ int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& ro
         co.tok = mc.tok;
         co.nodes = n;
         co.topology = topo;
+        co.reduce = reduce;
         co.kernels = o.kernels;
         co.caf_threads = o.caf_threads;
         auto c = actors::cluster::start(co);
@@ -108,18 +115,37 @@ int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& ro
         gp.steps = mc.steps;
         gp.sampling = {0.0f, 0.9f, 1};
         std::vector<double> tpot, share;
+        int tokens = 0;
         for (int r = 0; r < o.reps; ++r) {
           auto out = (*c)->generate(gp);
           if (!out || !out->ok) throw cli_error("bench run failed: " + (out ? out->error : out.message()));
           tpot.push_back(median(out->result.step_ms));
           share.push_back(actors::comm_share(*out));
+          tokens += static_cast<int>(out->result.ids.size()) - 1;
         }
+        // Payload bytes between nodes (the shards' link counters): the
+        // busiest single link (shard -> node) and the busiest rank's total.
+        auto st = (*c)->stats();
+        if (!st) throw cli_error(st.message());
+        double link_max = 0, rank_max = 0;
+        for (const auto& s : *st) {
+          double rank = 0;
+          for (size_t i = 0; i < s.link_to.size(); ++i) {
+            if (s.link_to[i] < 0 || s.link_to[i] == s.node) continue;  // the front end, itself
+            link_max = std::max(link_max, static_cast<double>(s.link_bytes[i]));
+            rank += static_cast<double>(s.link_bytes[i]);
+          }
+          rank_max = std::max(rank_max, rank);
+        }
+        link_max /= std::max(1, tokens);
+        rank_max /= std::max(1, tokens);
         const double t = median(tpot);
         if (n == o.nodes.front()) base = t;
         bench_row row;
         row.name = "cluster.tpot";
         row.params = {{"model", mc.name}, {"topology", topo}, {"nodes", std::to_string(n)},
                       {"steps", std::to_string(mc.steps)}};
+        if (std::string(topo) == "tensor") row.params["reduce"] = reduce;
         row.value = t;
         row.unit = "ms";
         row.baseline = base;
@@ -133,10 +159,27 @@ int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& ro
         cs.baseline = -1;
         cs.ratio = 0;
         rows.push_back(cs);
-        std::fprintf(stderr, "  %s %-8s %d node(s): tpot %.3f ms (x%.2f of 1 node), comm share %.2f\n",
-                     mc.name.c_str(), topo, n, t, row.ratio, cs.value);
+        std::fprintf(stderr, "  %s %-8s %-7s %d node(s): tpot %.3f ms (x%.2f of 1 node), comm share %.2f, "
+                     "bytes/token busiest link %.0f, busiest rank %.0f\n",
+                     mc.name.c_str(), topo, std::string(topo) == "tensor" ? reduce.c_str() : "", n, t, row.ratio,
+                     cs.value, link_max, rank_max);
+        if (std::string(topo) != "tensor" || n < 2) continue;
+        // Bytes per token: a scatter row's baseline is the direct run of the same point.
+        if (reduce == "direct") direct_bytes[{mc.name, n}] = {link_max, rank_max};
+        auto d = direct_bytes.find({mc.name, n});
+        const bool has_base = reduce != "direct" && d != direct_bytes.end();
+        for (int k = 0; k < 2; ++k) {
+          bench_row b = row;
+          b.name = k == 0 ? "cluster.link_bytes_per_token" : "cluster.rank_bytes_per_token";
+          b.value = k == 0 ? link_max : rank_max;
+          b.unit = "B";
+          b.baseline = has_base ? (k == 0 ? d->second.first : d->second.second) : -1;
+          b.baseline_name = has_base ? "reduce direct, same point, same run" : "";
+          b.ratio = has_base && b.baseline > 0 ? b.value / b.baseline : 0;
+          rows.push_back(b);
+        }
       }
-    }
+      }
   }
   for (size_t floats : {size_t{256}, size_t{16384}, size_t{1} << 20}) {
     auto e = measure_encoding(floats, floats > 100000 ? 5 : 50);

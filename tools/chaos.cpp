@@ -55,6 +55,7 @@ namespace {
 
 struct chaos_opts {
   std::string model, tokenizer, prompt, topology = "pipeline", profile = "host", link, json_out;
+  std::string reduce = "direct";  // --reduce: tensor groups' all-reduce (as run)
   int steps = 128;
   float temperature = 1.0f, topp = 0.9f;
   unsigned long long seed_gen = 42;  // -s: generation seed
@@ -146,6 +147,7 @@ int do_chaos(const chaos_opts& o) {
   base.nodes = o.nodes;
   base.spares = o.spares;
   base.topology = o.topology;
+  base.reduce = o.reduce;
   base.profile = o.profile;
   base.link = o.link;
   base.step_timeout_min = std::chrono::milliseconds(o.step_timeout_min_ms);
@@ -401,6 +403,9 @@ void add_chaos(CLI::App& app, int& status) {
   cmd->add_option("--spares", o->spares, "spare nodes (in process, or spare daemons with --processes)")
       ->capture_default_str();
   cmd->add_option("--topology", o->topology, "pipeline|tensor|hybrid:PxT")->capture_default_str();
+  cmd->add_option("--reduce", o->reduce, "all-reduce of tensor groups: direct|scatter (as run)")
+      ->check(CLI::IsMember({"direct", "scatter"}))
+      ->capture_default_str();
   cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
   cmd->add_option("--link", o->link, "link override BANDWIDTH:LATENCY");
   cmd->add_option("--step-timeout-min", o->step_timeout_min_ms, "floor of a step's deadline (ms)")

@@ -48,6 +48,13 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
       cmd->add_option("--nodes", o.nodes, "in-process nodes")->group(g),
       cmd->add_option("--spares", o.spares, "extra nodes held as spares")->group(g),
       cmd->add_option("--topology", o.topology, "pipeline|tensor|hybrid:PxT")->group(g),
+      cmd->add_option("--reduce", o.reduce,
+                      "all-reduce of tensor groups: direct (every rank sends its partial to every other) or "
+                      "scatter (reduce-scatter + all-gather: 2(T-1)/T of a vector per rank instead of T-1); "
+                      "both sum in rank order (same ids)")
+          ->check(CLI::IsMember({"direct", "scatter"}))
+          ->capture_default_str()
+          ->group(g),
       cmd->add_option("--profile", o.profile, "node profile: host|ps3|ps3-slim|rpi5")->group(g),
       cmd->add_option("--memory", o.memory, "per-node memory budget, e.g. 256MiB (overrides the profile)")
           ->group(g),
@@ -147,6 +154,7 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
   co.nodes = o.nodes;
   co.spares = o.spares;
   co.topology = o.topology;
+  co.reduce = o.reduce;
   co.profile = o.profile;
   if (!o.memory.empty()) {
     auto m = topologies::parse_memory(o.memory);

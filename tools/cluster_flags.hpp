@@ -35,6 +35,7 @@ struct cluster_flags {
   // In-process nodes (issue #4).
   int nodes = 1, spares = 0, caf_threads = 2;
   std::string topology = "pipeline", profile = "host", memory;
+  std::string reduce = "direct";  // --reduce: tensor groups' all-reduce (direct | scatter)
   bool print_placement = false;
   // Faults and recovery (issue #6).
   std::vector<std::string> fault_specs;

@@ -37,6 +37,7 @@ struct plan_opts {
   double efficiency = -1, link_efficiency = -1;
   int request_tokens = -1, checkpoint_every = -1;
   bool no_reload = false, sample_last = false, peer_forwarding = false;
+  std::string reduce = "direct";  // --reduce: the runtime's all-reduce (direct | scatter)
   // Simulation.
   bool simulate = false;
   double sim_hours = 1, sim_rate = 0, sim_failure_scale = 1;
@@ -129,6 +130,7 @@ plan_request build_request(const plan_opts& o) {
   a.reload_over_link = !o.no_reload;
   a.logits_to_session = !o.sample_last;
   a.peer_forwarding = o.peer_forwarding;
+  a.scatter_gather = o.reduce == "scatter";
   return r;
 }
 
@@ -403,6 +405,8 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
          q.model.act_bytes = 2;
          q.assume.peer_forwarding = true;
        }},
+      {"all-reduces as reduce-scatter + all-gather (--reduce scatter)",
+       [](plan_request& q) { q.assume.scatter_gather = true; }},
       {"sample on the last stage (no logits to the session)",
        [](plan_request& q) { q.assume.logits_to_session = false; }},
       {"1 ms per hop instead of 100 us", [](plan_request& q) { q.hw.node.link.latency_us = 1000; }},
@@ -513,6 +517,11 @@ void add_plan(CLI::App& app, int& status) {
   g->add_flag("--sample-on-last-stage", o->sample_last, "return a token id, not the logits");
   g->add_flag("--peer-forwarding", o->peer_forwarding,
               "rank i of a TP group forwards x to rank i of the next (the runtime: rank 0 sends to all)");
+  g->add_option("--reduce", o->reduce,
+                "all-reduce of TP groups as the runtime's --reduce: direct (T-1 vectors per rank) or scatter "
+                "(reduce-scatter + all-gather, 2(T-1)/T of a vector in two rounds)")
+      ->check(CLI::IsMember({"direct", "scatter"}))
+      ->capture_default_str();
   auto* s = cmd->add_option_group("Simulation");
   s->add_flag("--simulate", o->simulate, "run the discrete-event simulation of the plan");
   s->add_option("--sim-hours", o->sim_hours, "simulated hours (1)");

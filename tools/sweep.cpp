@@ -39,6 +39,7 @@ struct sweep_opts {
   unsigned long long seed = 1;
   std::vector<int> nodes = {1, 2, 4, 8};
   std::vector<std::string> topologies = {"pipeline", "tensor"};
+  std::string reduce = "direct";  // --reduce: tensor groups' all-reduce (as run)
   std::vector<std::string> links = {"none"};
   std::vector<int> batches = {1};
   bool no_plots = false;
@@ -144,6 +145,7 @@ int do_sweep(const sweep_opts& o) {
           co.nodes = n;
           co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n) : topo;
           co.profile = o.profile;
+          co.reduce = o.reduce;
           co.link = link == "none" || !daemons.empty() ? "" : link;
           co.sessions = batch;
           if (!daemons.empty()) {
@@ -237,6 +239,9 @@ void add_sweep(CLI::App& app, int& status) {
   cmd->add_option("--nodes", o->nodes, "node counts, e.g. 1,2,4,8,16,32,64")->delimiter(',')->capture_default_str();
   cmd->add_option("--topology", o->topologies, "pipeline,tensor")->delimiter(',')->capture_default_str();
   cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
+  cmd->add_option("--reduce", o->reduce, "all-reduce of tensor groups: direct|scatter (as run)")
+      ->check(CLI::IsMember({"direct", "scatter"}))
+      ->capture_default_str();
   cmd->add_option("--link", o->links, "links, e.g. 1gbit:100us,100mbit:100us (none = unshaped)")->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--batch", o->batches, "batch sizes, e.g. 1,8")->delimiter(',')->capture_default_str();

@@ -296,6 +296,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
                       std::to_string(cfg.seq_len));
   }
   if (opt.sessions < 1) return make_error("sessions must be at least 1, not " + std::to_string(opt.sessions));
+  if (opt.reduce != reduce_algorithm::direct_rank_order && opt.reduce != reduce_algorithm::scatter_gather)
+    return make_error("reduce algorithm " + std::to_string(static_cast<int>(opt.reduce)) + " unknown");
   if (!(opt.weights.bytes_per_weight > 0) || opt.weights.block < 1) {
     return make_error("weight format '" + opt.weights.name + "' needs positive bytes per weight and block");
   }
@@ -469,12 +471,23 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
     p.steps.push_back(exchange_step{exchange_kind::broadcast_embedding, 0, -1, {first[0]},
                                     std::vector<int>(first.begin() + 1, first.end()), x_bytes});
   }
+  // An all-reduce: its largest message and the busiest rank's bytes.
+  uint64_t reduce_message = x_bytes, reduce_rank = 0;
+  if (T > 1) {
+    if (opt.reduce == reduce_algorithm::scatter_gather) {
+      reduce_message = 0;
+      for (const range& c : reduce_chunks(cfg.dim, T))
+        reduce_message = std::max<uint64_t>(reduce_message, static_cast<uint64_t>(c.size()) * sizeof(float));
+    }
+    for (int r = 0; r < T; ++r)
+      reduce_rank = std::max(reduce_rank, reduce_floats_sent(opt.reduce, cfg.dim, T, r) * sizeof(float));
+  }
   for (const stage& sg : p.stages) {
     if (T > 1) {
-      for (int l = sg.layers.begin; l < sg.layers.end; ++l) {
-        p.steps.push_back(exchange_step{exchange_kind::all_reduce_attention, sg.index, l, sg.shards, sg.shards, x_bytes});
-        p.steps.push_back(exchange_step{exchange_kind::all_reduce_ffn, sg.index, l, sg.shards, sg.shards, x_bytes});
-      }
+      for (int l = sg.layers.begin; l < sg.layers.end; ++l)
+        for (exchange_kind k : {exchange_kind::all_reduce_attention, exchange_kind::all_reduce_ffn})
+          p.steps.push_back(
+              exchange_step{k, sg.index, l, sg.shards, sg.shards, reduce_message, reduce_rank, opt.reduce});
     }
     if (sg.index + 1 < P) {
       p.steps.push_back(exchange_step{exchange_kind::send_activations, sg.index, -1, {sg.shards[0]},
@@ -485,6 +498,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
   // slice's (the ranks send in parallel).
   p.steps.push_back(exchange_step{exchange_kind::logits_to_session, P - 1, -1, p.stages.back().shards, {},
                                   static_cast<uint64_t>(vocab_slices.front().size()) * sizeof(float)});
+  for (exchange_step& s : p.steps)
+    if (s.bytes_per_rank == 0) s.bytes_per_rank = s.bytes_per_position;
 
   for (shard& sh : p.shards) {
     auto prog = shard_program(p, sh.index);
@@ -531,7 +546,7 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index) {
         r.op = shard_op::reduce;
         r.layers = range{l, l + 1};
         r.part = part;
-        r.algorithm = reduce_algorithm::direct_rank_order;
+        r.algorithm = p.options.reduce;
         r.peers = sg.shards;
         prog.push_back(std::move(r));
       }
@@ -591,7 +606,8 @@ result<void> check_program(const shard& s, const std::vector<shard_step>& progra
       case shard_op::reduce: {
         if (i == 0 || program[i - 1].op != shard_op::compute || !program[i - 1].partial)
           return bad(i, "a reduce follows the partial compute of its layer half");
-        if (op.algorithm != reduce_algorithm::direct_rank_order) return bad(i, "unknown reduce algorithm");
+        if (op.algorithm != reduce_algorithm::direct_rank_order && op.algorithm != reduce_algorithm::scatter_gather)
+          return bad(i, "unknown reduce algorithm");
         if (std::find(op.peers.begin(), op.peers.end(), s.index) == op.peers.end())
           return bad(i, "the reduce's peers do not include the shard itself");
         if (op.peers.size() != static_cast<size_t>(s.group_size))
@@ -656,9 +672,28 @@ std::string to_string(layer_part part) {
 std::string to_string(reduce_algorithm a) {
   switch (a) {
     case reduce_algorithm::direct_rank_order: return "direct, rank order";
+    case reduce_algorithm::scatter_gather: return "scatter+gather, rank order";
     case reduce_algorithm::count: break;
   }
   return "?";
+}
+
+result<reduce_algorithm> parse_reduce_algorithm(std::string_view text) {
+  if (text == "direct") return reduce_algorithm::direct_rank_order;
+  if (text == "scatter") return reduce_algorithm::scatter_gather;
+  return make_error("--reduce '" + std::string(text) + "': expected direct or scatter");
+}
+
+std::vector<range> reduce_chunks(int dim, int t) { return split_even(dim, std::max(t, 1)); }
+
+uint64_t reduce_floats_sent(reduce_algorithm a, int dim, int t, int rank) {
+  if (t <= 1 || rank < 0 || rank >= t) return 0;
+  const uint64_t d = static_cast<uint64_t>(dim), others = static_cast<uint64_t>(t - 1);
+  if (a != reduce_algorithm::scatter_gather) return others * d;
+  // Every other rank's chunk of the own partial, then the own finished chunk
+  // to each of the others.
+  const uint64_t own = static_cast<uint64_t>(reduce_chunks(dim, t)[static_cast<size_t>(rank)].size());
+  return (d - own) + others * own;
 }
 
 std::string to_string(const shard_step& s) {
@@ -751,9 +786,13 @@ std::string to_string(const placement& p) {
     const exchange_step& s = p.steps[i];
     if (s.kind == exchange_kind::all_reduce_attention) {
       const stage& sg = p.stages[static_cast<size_t>(s.stage)];
+      const std::string how =
+          s.algorithm == reduce_algorithm::scatter_gather
+              ? "reduce-scatter + all-gather, chunks of <= " + std::to_string(s.bytes_per_position) + " B, " +
+                    std::to_string(s.bytes_per_rank) + " B sent by each rank, summed in rank order"
+              : std::to_string(s.bytes_per_position) + " B from each rank to each, summed in rank order";
       out += "  stage " + std::to_string(s.stage) + ", layers " + to_string(sg.layers) +
-             ": all-reduce after attention and after FFN over " + list_of(s.from) + " (" +
-             std::to_string(s.bytes_per_position) + " B from each rank, summed in rank order), " +
+             ": all-reduce after attention and after FFN over " + list_of(s.from) + " (" + how + "), " +
              plural(2 * sg.layers.size(), "time", "times") + "\n";
       while (i + 1 < p.steps.size() && (p.steps[i + 1].kind == exchange_kind::all_reduce_attention ||
                                         p.steps[i + 1].kind == exchange_kind::all_reduce_ffn) &&

@@ -132,10 +132,43 @@ result<weight_format> find_weight_format(std::string_view name);
 /// other model gets `requested` unchanged (what --weights asks for).
 weight_format weight_format_of(const model::model_file& file, weight_format requested);
 
+/// How a reduce sums its group's partials. Both sum every element as
+/// p_0 + p_1 + ... + p_{T-1}, left to right in `peers`' order, and add the
+/// sum to x: the same float operations, so the two give bit-identical x on
+/// every rank, run after run (and the fixtures' ids). They differ in what
+/// travels (issue #19). Per reduce, per position, with d = dim floats and
+/// T ranks, a rank sends:
+enum class reduce_algorithm {
+  /// Every rank sends its whole partial to every other rank, and every rank
+  /// sums all of them: (T-1) x d floats in T-1 messages (T(T-1) x d floats
+  /// over the group: grows with T^2).
+  direct_rank_order,
+  /// Reduce-scatter, then all-gather. Rank j owns chunk j of the vector
+  /// (split_even(dim, T), reduce_chunks): every rank sends chunk j of its
+  /// partial to rank j; rank j sums chunk j of the T partials in rank order,
+  /// adds it to its chunk of x and sends the finished chunk to every other
+  /// rank, which copies it into its x. A rank sends (d - c_j) + (T-1) x c_j
+  /// floats in 2(T-1) messages: 2(T-1)/T x d when T divides d (two message
+  /// latencies per reduce instead of one).
+  scatter_gather,
+  count
+};
+/// "direct" or "scatter" (as `--reduce`).
+result<reduce_algorithm> parse_reduce_algorithm(std::string_view text);
+/// The chunks of a vector of `dim` floats that the ranks of a group of `t`
+/// own in scatter_gather: split_even(dim, t), chunk r to rank r.
+std::vector<range> reduce_chunks(int dim, int t);
+/// Floats that the rank at position `rank` of a group of `t` sends per
+/// position in one reduce of a `dim`-vector by `a` (see reduce_algorithm).
+uint64_t reduce_floats_sent(reduce_algorithm a, int dim, int t, int rank);
+
 struct placement_options {
   int context = 0;   // KV-cache positions per session; 0 = config.seq_len
   int sessions = 1;  // concurrent sessions (batch), each with its own KV cache and buffers
   weight_format weights = weight_format::f32();
+  /// How every tensor group's reduces run (each reduce op's `algorithm`, and
+  /// the all-reduce exchange steps' bytes).
+  reduce_algorithm reduce = reduce_algorithm::direct_rank_order;
   /// When false, place() returns a placement even if shards exceed their
   /// budgets (for --print-placement and the planner); check with fits() /
   /// check_memory().
@@ -184,14 +217,6 @@ static_assert(static_cast<int>(shard_op::count) == 7, "update to_string(shard_op
 /// Which half of a transformer layer a compute or reduce covers.
 enum class layer_part { both, attention, ffn };
 
-/// How a reduce sums its group's partials.
-enum class reduce_algorithm {
-  /// Every rank sends its partial to every other rank; each adds
-  /// p_0 + p_1 + ... + p_{T-1} left to right in `peers`' order, then adds the
-  /// sum to its x: every rank ends with bit-identical x, run after run.
-  direct_rank_order,
-  count
-};
 
 struct shard_step {
   shard_op op = shard_op::compute;
@@ -255,14 +280,20 @@ static_assert(static_cast<int>(exchange_kind::count) == 6, "update to_string(exc
 /// is the session. For the all-reduces from == to == the group in rank order,
 /// and every rank ends with sum = p_0 + p_1 + ... + p_{T-1}, added left to
 /// right in that fixed order (bit-identical on every rank and every run),
-/// which it then adds to its residual x.
+/// which it then adds to its residual x; `algorithm` says what travels.
 struct exchange_step {
   exchange_kind kind = exchange_kind::send_activations;
   int stage = 0;        // stage where it happens (the sending stage for send_activations)
   int layer = -1;       // the layer of an all-reduce; -1 otherwise
   std::vector<int> from;
   std::vector<int> to;
-  uint64_t bytes_per_position = 0;  // payload of one message (one sender's part of an all-reduce)
+  /// Payload of one message: for an all-reduce the largest one a rank sends
+  /// (direct: its whole partial; scatter_gather: the largest chunk).
+  uint64_t bytes_per_position = 0;
+  /// All-reduces: the bytes the busiest rank sends per position in this
+  /// exchange (reduce_floats_sent x 4); other kinds: bytes_per_position.
+  uint64_t bytes_per_rank = 0;
+  reduce_algorithm algorithm = reduce_algorithm::direct_rank_order;  // all-reduces only
 };
 
 /// A node that holds no shard: a spare (placement index shards.size() + i).
@@ -301,7 +332,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
 ///   embed (rank 0 of the first stage: x to the whole group, itself first);
 ///   a group of one: compute{its layers, both halves, not partial};
 ///   a group of T > 1: for each layer l, compute{[l,l+1), attention, partial},
-///     reduce{[l,l+1), attention, over the group in rank order},
+///     reduce{[l,l+1), attention, over the group in rank order, by
+///     options.reduce},
 ///     then the same for the FFN;
 ///   forward (rank 0 of a stage with a next stage: to every shard of it), or
 ///   classify (every rank of the last stage: its vocabulary rows).

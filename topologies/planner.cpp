@@ -383,12 +383,15 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
         read_busiest += read;
         if (T > 1) {
           // Two all-reduces (after attention, after the FFN): each rank sends
-          // its partial to the T-1 others (the runtime's direct exchange).
-          for (int k = 0; k < 2; ++k) {
-            cost_terms ar = message(x, (T - 1) * share, (T - 1) * xbytes);
-            ar.syncs = 1;
-            work += ar;
-          }
+          // its partial to the T-1 others (the runtime's direct exchange), or
+          // 1/T of it to each, then its finished 1/T to each (scatter_gather).
+          for (int k = 0; k < 2; ++k)
+            for (int round = 0; round < (r.assume.scatter_gather ? 2 : 1); ++round) {
+              cost_terms ar = message(x, (T - 1) * share,
+                                      (T - 1) * xbytes / (r.assume.scatter_gather ? T : 1));
+              ar.syncs = 1;
+              work += ar;
+            }
         }
         if (expert_topo && m.moe_layer(layer)) {
           // Dispatch the latent vectors to the chosen experts, run them, combine.
@@ -669,7 +672,9 @@ result<plan_result> plan(const plan_request& r) {
         const int layers = g.end_layer - g.first_layer;
         int moe = 0;
         for (int k = g.first_layer; k < g.end_layer; ++k) moe += m.moe_layer(k) ? 1 : 0;
-        const double sync = g.tp > 1 ? 2.0 * layers * (g.tp - 1) * xv : 0;
+        // Per rank and all-reduce: T-1 vectors direct, 2(T-1)/T scattered.
+        const double per_reduce = g.tp > 1 ? (a.scatter_gather ? 2.0 * (g.tp - 1) / g.tp : g.tp - 1.0) * xv : 0;
+        const double sync = 2.0 * layers * per_reduce;
         const double disp = expert_topo ? moe * std::ceil(static_cast<double>(m.n_active_experts) / g.tp) *
                                               m.routed_dim() * act
                                         : 0;
@@ -682,7 +687,7 @@ result<plan_result> plan(const plan_request& r) {
       wire += sent;  // rank 0's traffic; the other ranks' all-reduce traffic below
       if (!pool && g.tp > 1) {
         const int layers = g.end_layer - g.first_layer;
-        wire += (g.tp - 1) * 2.0 * layers * (g.tp - 1) * xv;
+        wire += (g.tp - 1) * 2.0 * layers * (a.scatter_gather ? 2.0 * (g.tp - 1) / g.tp : g.tp - 1.0) * xv;
       }
     }
     if (l.expert_nodes > 0) {

@@ -22,8 +22,11 @@
 //   (topologies/placement.hpp): stages of whole layers, a TP group slicing
 //   heads and FFN units (and every expert), embedding on rank 0 of the first
 //   stage, classifier on rank 0 of the last, which returns the logits to the
-//   session. All-reduces are the runtime's direct exchange: every rank sends
-//   its partial dim-vector to each other rank.
+//   session. All-reduces are the runtime's direct exchange (every rank sends
+//   its partial dim-vector to each other rank: one round of T-1 messages of
+//   a vector), or with plan_assumptions::scatter_gather its reduce-scatter +
+//   all-gather (`--reduce scatter`, placement.hpp reduce_algorithm: two
+//   rounds of T-1 messages of 1/T of a vector each).
 // - expert[:T] (planner only; mixtures of experts): every group of layers is a
 //   TP group of T nodes holding the attention, shared experts, router and
 //   latent projections; every routed expert lives whole on an expert node
@@ -110,6 +113,9 @@ struct plan_assumptions {
   /// the runtime's rank 0 sending a copy to every rank (placement.hpp). A
   /// what-if for the runtime; false = as the runtime does it.
   bool peer_forwarding = false;
+  /// All-reduces as the runtime's scatter_gather (`--reduce scatter`):
+  /// 2(T-1)/T of a vector per rank in two rounds, instead of T-1 vectors in one.
+  bool scatter_gather = false;
 };
 
 struct plan_request {

@@ -1,7 +1,8 @@
 // GGUF models on the actor runtime: every llama2.c fixture from
 // stories260K.gguf (--ctx 512) on pipeline 3, tensor 2 and hybrid 2x2 with the
 // reference, blas and spe kernels, with a crash and a silence;
-// llama.cpp's ids of llama2-small-f32.gguf on every topology.
+// llama.cpp's ids of llama2-small-f32.gguf on every topology (tensor 2 with
+// both reduce algorithms).
 #include "model/generate.hpp"
 #include "model/transformer.hpp"
 #include "supervision/fault_plan.hpp"
@@ -99,10 +100,18 @@ TEST_CASE("gguf: llama.cpp's ids of llama2-small-f32.gguf on every topology", "[
   const auto ref_path = test::shared_file("models/gguf/gguf-small-reference-ids.json");
   if (ref_path.empty()) return;
   const auto ref = nlohmann::json::parse(test::read_file(ref_path));
-  for (const auto& topo : {std::make_pair(3, "pipeline"), std::make_pair(2, "tensor"),
-                           std::make_pair(4, "hybrid:2x2")}) {
-    DYNAMIC_SECTION(topo.second) {
-      auto c = actors::cluster::start(gguf_options("llama2-small-f32.gguf", topo.first, topo.second, 0));
+  struct topo_case {
+    int nodes;
+    const char* topology;
+    const char* reduce;
+  };
+  // tensor 2 also with the reduce-scatter + all-gather reduce (issue #19).
+  for (const auto& topo : {topo_case{3, "pipeline", "direct"}, topo_case{2, "tensor", "direct"},
+                           topo_case{2, "tensor", "scatter"}, topo_case{4, "hybrid:2x2", "direct"}}) {
+    DYNAMIC_SECTION(topo.topology << " reduce " << topo.reduce) {
+      auto o = gguf_options("llama2-small-f32.gguf", topo.nodes, topo.topology, 0);
+      o.reduce = topo.reduce;
+      auto c = actors::cluster::start(o);
       REQUIRE(c.ok());
       for (const auto& run : ref["runs"]) {
         if (run["model"] != "llama2-small-f32.gguf") continue;

@@ -95,6 +95,12 @@ TEST_CASE("a shard program op round-trips through its wire form and unknown valu
   CHECK(s->part == topologies::layer_part::ffn);
   CHECK(s->peers == std::vector<int>{4, 5, 6});
   CHECK(topologies::to_string(*s) == "reduce layer 3 ffn over [4,5,6] (direct, rank order)");
+  // The reduce-scatter + all-gather algorithm travels as its value too.
+  r.algorithm = topologies::reduce_algorithm::scatter_gather;
+  auto sg = actors::from_wire(actors::to_wire(r));
+  REQUIRE(sg.ok());
+  CHECK(sg->algorithm == topologies::reduce_algorithm::scatter_gather);
+  CHECK(topologies::to_string(*sg) == "reduce layer 3 ffn over [4,5,6] (scatter+gather, rank order)");
   auto bad = back.program[0];
   bad.op = 99;
   CHECK(actors::from_wire(bad).message() == "program op 99 unknown to this build (0..6)");

@@ -287,3 +287,40 @@ TEST_CASE("a shard failing while another's recovery restores it: the next recove
     CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/greedy_prompt_lily_tom_n100.ids")));
   }
 }
+
+// Issue #19: the scatter_gather reduce (--reduce scatter) under a crash (the
+// rank restarts in place) and a silence (it moves to the spare) on every
+// tensor width and hybrid 2x2; every fixture appears at least once.
+TEST_CASE("scatter_gather reduce: crashes and silences in tensor groups reproduce the fixtures",
+          "[recovery][reduce]") {
+  if (!test::have_shared()) return;
+  const std::vector<fault_case> cases = {
+      {"tensor:2 crash", 2, 0, "tensor", "topp_t1.0_p0.9_s133742_n256", {"crash:node=1:step=50"}},
+      {"tensor:2 silence of the embedding holder", 2, 1, "tensor", "greedy_bos_n200", {"silence:node=0:step=33"}},
+      {"tensor:3 crash in prefill", 3, 0, "tensor", "greedy_prompt_lily_tom_n100", {"crash:node=2:step=3"}},
+      {"tensor:3 silence", 3, 1, "tensor", "topp_t0.5_p0.95_s7_n150", {"silence:node=1:step=60"}},
+      {"tensor:4 crash", 4, 0, "tensor", "mult_t0.9_p1.0_s2024_n150", {"crash:node=3:step=77"}},
+      {"tensor:4 silence", 4, 1, "tensor", "greedy_prompt_once_n120", {"silence:node=2:step=40"}},
+      {"hybrid:2x2 crash of a stage-0 rank", 4, 0, "hybrid:2x2", "greedy_bos_n200", {"crash:node=1:step=64"}},
+      {"hybrid:2x2 silence of a stage-1 rank", 4, 1, "hybrid:2x2", "topp_t1.0_p0.9_s133742_n256",
+       {"silence:node=3:step=90"}},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto o = test::stories_options(c.nodes, c.topology);
+      o.reduce = "scatter";
+      std::vector<actors::fault_record> records;
+      auto out = run_with_faults(c, o, &records);
+      INFO(out.error);
+      REQUIRE(out.ok);
+      CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/" + c.fixture + ".ids")));
+      CHECK(out.result.text + "\n" == test::read_file(test::shared_file("fixtures/" + c.fixture + ".txt")));
+      REQUIRE(records.size() == 1u);
+      CHECK(records.front().kind == c.faults.front().substr(0, c.faults.front().find(':')));
+      CHECK(records.front().recover_ms >= 0);
+      if (records.front().kind == "silence") CHECK(records.front().moved_to_node != records.front().node);
+      if (records.front().kind == "crash") CHECK(records.front().moved_to_node == records.front().node);
+      REQUIRE(out.recoveries.size() >= 1u);
+    }
+  }
+}

@@ -597,3 +597,77 @@ TEST_CASE("programs: check_program refuses what the shard could not execute", "[
   prog1.insert(prog1.begin(), s0.program.front());
   CHECK_THAT(check_program(s1, prog1).message(), Catch::Contains("the shard holds no embedding table"));
 }
+
+// Issue #19: reduce-scatter + all-gather. The reduce ops say which algorithm;
+// the exchange steps count what a rank sends: (T-1) vectors per reduce
+// direct, 2(T-1)/T of one by scatter_gather.
+TEST_CASE("programs: scatter_gather reduces, and bytes per rank of 2(T-1)/T of a vector per reduce",
+          "[placement][program][reduce]") {
+  CHECK(parse_reduce_algorithm("direct").value() == reduce_algorithm::direct_rank_order);
+  CHECK(parse_reduce_algorithm("scatter").value() == reduce_algorithm::scatter_gather);
+  CHECK(parse_reduce_algorithm("ring").message() == "--reduce 'ring': expected direct or scatter");
+
+  // The chunks: split_even of dim over T, in rank order.
+  CHECK(reduce_chunks(64, 3) == std::vector<range>{{0, 22}, {22, 43}, {43, 64}});
+  // Floats one rank sends per position and reduce.
+  for (int t = 2; t <= 8; t *= 2)
+    for (int d : {64, 768, 4096})
+      for (int r = 0; r < t; ++r) {
+        INFO("T " << t << " dim " << d << " rank " << r);
+        CHECK(reduce_floats_sent(reduce_algorithm::direct_rank_order, d, t, r) == uint64_t(t - 1) * d);
+        // T divides d: exactly 2(T-1)/T of the vector.
+        CHECK(reduce_floats_sent(reduce_algorithm::scatter_gather, d, t, r) * t == 2ull * (t - 1) * d);
+      }
+  // Uneven chunks (64 over 3: 22, 21, 21): the others' chunks, then the own to 2 ranks.
+  CHECK(reduce_floats_sent(reduce_algorithm::scatter_gather, 64, 3, 0) == 42 + 2 * 22);
+  CHECK(reduce_floats_sent(reduce_algorithm::scatter_gather, 64, 3, 2) == 43 + 2 * 21);
+  CHECK(reduce_floats_sent(reduce_algorithm::scatter_gather, 64, 1, 0) == 0);
+
+  placement_options sg;
+  sg.reduce = reduce_algorithm::scatter_gather;
+  // T = 2, 4 and (8 KV heads) 8 on stories260K's shape: the exchange steps of
+  // one position, and every reduce op of every program.
+  for (int t : {2, 4, 8}) {
+    auto cfg = stories260k();
+    cfg.n_kv_heads = 8;
+    DYNAMIC_SECTION("tensor:" << t) {
+      const auto d = must(place(cfg, make_nodes(t, host_profile()), {strategy_kind::tensor, 1, t}));
+      const auto s = must(place(cfg, make_nodes(t, host_profile()), {strategy_kind::tensor, 1, t}, sg));
+      uint64_t direct_bytes = 0, scatter_bytes = 0;
+      int reduces = 0;
+      REQUIRE(d.steps.size() == s.steps.size());
+      for (size_t i = 0; i < s.steps.size(); ++i) {
+        const auto& a = s.steps[i];
+        if (a.kind != exchange_kind::all_reduce_attention && a.kind != exchange_kind::all_reduce_ffn) {
+          CHECK(a.bytes_per_rank == a.bytes_per_position);
+          continue;
+        }
+        ++reduces;
+        CHECK(a.algorithm == reduce_algorithm::scatter_gather);
+        CHECK(d.steps[i].algorithm == reduce_algorithm::direct_rank_order);
+        CHECK(a.bytes_per_position == 64u / t * 4);  // one chunk
+        CHECK(d.steps[i].bytes_per_position == 64u * 4);
+        direct_bytes += d.steps[i].bytes_per_rank;
+        scatter_bytes += a.bytes_per_rank;
+      }
+      CHECK(reduces == 2 * 5);
+      // Per position, per rank: 10 reduces of 64 floats.
+      CHECK(direct_bytes == 10ull * (t - 1) * 64 * 4);
+      CHECK(scatter_bytes * t == 10ull * 2 * (t - 1) * 64 * 4);
+      for (const auto& sh : s.shards) {
+        int n = 0;
+        for (const auto& op : sh.program)
+          if (op.op == shard_op::reduce) {
+            ++n;
+            CHECK(op.algorithm == reduce_algorithm::scatter_gather);
+          }
+        CHECK(n == 10);
+        CHECK(check_program(sh, sh.program).ok());
+      }
+    }
+  }
+  // Hybrid: every stage's group by the same algorithm; the printed placement says so.
+  const auto h = must(place(stories260k(), make_nodes(4, host_profile()), {strategy_kind::hybrid, 2, 2}, sg));
+  CHECK(to_string(h.shards[2].program[1]) == "reduce layer 3 attention over [2,3] (scatter+gather, rank order)");
+  CHECK_THAT(to_string(h), Catch::Contains("reduce-scatter + all-gather, chunks of <= 128 B, 256 B sent by each rank"));
+}

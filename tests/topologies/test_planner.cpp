@@ -235,6 +235,15 @@ TEST_CASE("check 3, links: the busiest link's bytes per token", "[planner][links
   CHECK(t.hops == 1 + 1 + 5 * 2 + 1);
   const double sync = 2.0 * 5 * 3 * 64 * 4;
   CHECK(t.link_bytes_per_token == std::max(sync + 3 * 64 * 4 + 512 * 4, 4 + sync));
+  // The same with the runtime's --reduce scatter: 2(T-1)/T = 1.5 vectors per
+  // all-reduce instead of 3, in two rounds (two hops) each.
+  plan_request sr = request("stories260k", "ps3", 4, "tensor", 1, 512);
+  sr.assume.scatter_gather = true;
+  const plan_result s = run(sr);
+  CHECK(s.hops == 1 + 1 + 5 * 2 * 2 + 1);
+  const double sync_sg = 2.0 * 5 * 1.5 * 64 * 4;
+  CHECK(s.link_bytes_per_token == std::max(sync_sg + 3 * 64 * 4 + 512 * 4, 4 + sync_sg));
+  CHECK(s.wire_bytes_per_token < t.wire_bytes_per_token);
 }
 
 TEST_CASE("check 4, the serial chain and throughput with batching", "[planner][chain]") {
