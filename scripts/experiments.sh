@@ -29,7 +29,7 @@ for p in latency throughput comm_share bytes_per_token; do cp "$TMP/eight/$p.png
 
 echo "== the sweep to 64 nodes" >&2
 $B sweep -m "$TMP/m64.bin" -z "$M/tok512.bin" -n 12 --nodes 1,2,4,8,16,32,64 --topology pipeline,tensor \
-  --out "$TMP/s64"
+  --reduce direct,scatter --out "$TMP/s64"
 cp "$TMP/s64/sweep.csv" "$DATA/sweep64.csv"
 for p in latency throughput comm_share bytes_per_token; do cp "$TMP/s64/$p.png" "$IMG/sweep64_$p.png"; done
 

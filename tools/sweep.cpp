@@ -1,7 +1,8 @@
 // `cellshard sweep`: a grid of runs (nodes x topology x link x batch) written
-// to DIR/sweep.csv (the columns of CLI.md) and drawn as PNG plots with
+// to DIR/sweep.csv (the columns of CLI.md, then `reduce`: the tensor groups'
+// all-reduce algorithm, --reduce direct,scatter) and drawn as PNG plots with
 // gnuplot: latency, throughput and communication share against node count,
-// one line per topology, link and batch. The nodes are in-process, or with
+// one line per topology (and reduce), link and batch. The nodes are in-process, or with
 // --cluster the first N daemons of a cluster file for a point of N nodes
 // (issue #25: calibration over the lab's shaped links; the links are the
 // daemons', so --cluster-link only names them in the CSV). Points the model
@@ -39,7 +40,9 @@ struct sweep_opts {
   unsigned long long seed = 1;
   std::vector<int> nodes = {1, 2, 4, 8};
   std::vector<std::string> topologies = {"pipeline", "tensor"};
-  std::string reduce = "direct";  // --reduce: tensor groups' all-reduce (as run)
+  // --reduce: tensor groups' all-reduce, one point per algorithm (pipelines
+  // have none: one point, "direct").
+  std::vector<std::string> reduces = {"direct"};
   std::vector<std::string> links = {"none"};
   std::vector<int> batches = {1};
   bool no_plots = false;
@@ -67,16 +70,17 @@ void plot(const std::string& dir, const std::string& name, const std::string& ti
      << (logy ? "set logscale y\n" : "") << "set title '" << title << "'\nset xlabel 'nodes'\nset ylabel '"
      << ylabel << "'\nplot ";
   for (size_t i = 0; i < series.size(); ++i) {
-    // Each series is "topology,link,batch": rows are filtered with a ternary.
-    std::string topo, link, batch;
+    // Each series is "topology|link|batch|reduce": rows are filtered with a ternary.
+    std::string topo, link, batch, reduce;
     std::istringstream ss(series[i]);
     std::getline(ss, topo, '|');
     std::getline(ss, link, '|');
     std::getline(ss, batch, '|');
+    std::getline(ss, reduce, '|');
     gp << (i ? ", " : "") << "'" << dir << "/sweep.csv' every ::1 using "
        << "(strcol(2) eq '" << topo << "' && strcol(6) eq '" << link << "' && strcol(7) eq '" << batch
-       << "' ? $3 : 1/0):" << ycol << " with linespoints title '" << topo << " " << link << " batch " << batch
-       << "'";
+       << "' && strcol(14) eq '" << reduce << "' ? $3 : 1/0):" << ycol << " with linespoints title '" << topo
+       << (topo == "pipeline" ? std::string() : " " + reduce) << " " << link << " batch " << batch << "'";
   }
   gp << "\n";
   const std::string script = dir + "/" + name + ".gp";
@@ -124,18 +128,25 @@ int do_sweep(const sweep_opts& o) {
   std::ofstream csv(o.out + "/sweep.csv");
   if (!csv) throw cli_error(o.out + "/sweep.csv: cannot write");
   csv << "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
-         "bytes_per_token\n";
+         "bytes_per_token,reduce\n";
   const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);
   std::vector<std::string> skipped, failed, series;
-  const int total = static_cast<int>(o.nodes.size() * o.topologies.size() * links.size() * o.batches.size());
+  auto reduces_of = [&](const std::string& topo) {
+    return topo.rfind("pipeline", 0) == 0 ? std::vector<std::string>{"direct"} : o.reduces;
+  };
+  int total = 0;
+  for (const auto& topo : o.topologies)
+    total += static_cast<int>(o.nodes.size() * links.size() * o.batches.size() * reduces_of(topo).size());
   int done = 0;
   for (const auto& topo : o.topologies)
+    for (const auto& reduce : reduces_of(topo))
     for (const auto& link : links)
       for (int batch : o.batches) {
-        series.push_back(topo + "|" + link + "|" + std::to_string(batch));
+        series.push_back(topo + "|" + link + "|" + std::to_string(batch) + "|" + reduce);
         for (int n : o.nodes) {
           const std::string what = topo + " " + std::to_string(n) + " nodes, link " + link + ", batch " +
-                                   std::to_string(batch);
+                                   std::to_string(batch) +
+                                   (topo.rfind("pipeline", 0) == 0 ? std::string() : ", reduce " + reduce);
           progress(done, total, what);
           ++done;
           actors::cluster_options co;
@@ -145,7 +156,7 @@ int do_sweep(const sweep_opts& o) {
           co.nodes = n;
           co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n) : topo;
           co.profile = o.profile;
-          co.reduce = o.reduce;
+          co.reduce = reduce;
           co.link = link == "none" || !daemons.empty() ? "" : link;
           co.sessions = batch;
           if (!daemons.empty()) {
@@ -196,7 +207,7 @@ int do_sweep(const sweep_opts& o) {
               << plan.stages.front().shards.size() << "," << link << "," << batch << "," << first.result.ttft_ms
               << "," << percentile(first.result.step_ms, 0.5) << "," << percentile(first.result.step_ms, 0.99) << ","
               << tokens / wall << "," << share << "," << static_cast<double>(link_bytes) / std::max(1, tokens)
-              << "\n";
+              << "," << reduce << "\n";
           csv.flush();
           if (!csv) throw cli_error(o.out + "/sweep.csv: write failed: " + std::strerror(errno));
         }
@@ -239,7 +250,10 @@ void add_sweep(CLI::App& app, int& status) {
   cmd->add_option("--nodes", o->nodes, "node counts, e.g. 1,2,4,8,16,32,64")->delimiter(',')->capture_default_str();
   cmd->add_option("--topology", o->topologies, "pipeline,tensor")->delimiter(',')->capture_default_str();
   cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
-  cmd->add_option("--reduce", o->reduce, "all-reduce of tensor groups: direct|scatter (as run)")
+  cmd->add_option("--reduce", o->reduces,
+                  "all-reduce algorithms of tensor groups, a point each: direct,scatter (as run's --reduce; "
+                  "the CSV's last column)")
+      ->delimiter(',')
       ->check(CLI::IsMember({"direct", "scatter"}))
       ->capture_default_str();
   cmd->add_option("--link", o->links, "links, e.g. 1gbit:100us,100mbit:100us (none = unshaped)")->delimiter(',')

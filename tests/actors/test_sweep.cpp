@@ -22,11 +22,11 @@ TEST_CASE("a small sweep writes the CSV and the plots", "[sweep]") {
   std::string header, line;
   std::getline(csv, header);
   CHECK(header == "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,"
-                  "comm_share,bytes_per_token");
+                  "comm_share,bytes_per_token,reduce");
   int rows = 0;
   while (std::getline(csv, line)) {
     ++rows;
-    CHECK(std::count(line.begin(), line.end(), ',') == 12);
+    CHECK(std::count(line.begin(), line.end(), ',') == 13);
   }
   // 8 points; pipeline:8 (5 layers) and tensor:8 (4 KV heads) cannot be made.
   CHECK(rows == 6);
@@ -59,7 +59,7 @@ TEST_CASE("gguf: a sweep over stories260K.gguf", "[sweep][gguf]") {
     ++rows;
     INFO(line);
     CHECK_THAT(line, Catch::StartsWith("stories260K.gguf,"));
-    CHECK(std::count(line.begin(), line.end(), ',') == 12);
+    CHECK(std::count(line.begin(), line.end(), ',') == 13);
   }
   CHECK(rows == 4);
 }
@@ -83,7 +83,7 @@ TEST_CASE("sweep --cluster: the first N daemons for a point of N nodes", "[sweep
   auto r = test::run_command({test::cellshard_bin(), "sweep", "--cluster", cluster, "--cluster-link", "1gbit:50us",
                               "-m", test::shared_file("models/stories260K.bin"), "-z",
                               test::shared_file("models/tok512.bin"), "-n", "16", "--nodes", "1,2", "--topology",
-                              "pipeline,tensor", "--out", out, "--no-plots"},
+                              "pipeline,tensor", "--reduce", "direct,scatter", "--out", out, "--no-plots"},
                              180);
   INFO(r.err);
   REQUIRE(r.status == 0);
@@ -95,19 +95,22 @@ TEST_CASE("sweep --cluster: the first N daemons for a point of N nodes", "[sweep
     std::vector<std::string> cols;
     std::istringstream ls(line);
     for (std::string c; std::getline(ls, c, ',');) cols.push_back(c);
-    REQUIRE(cols.size() == 13u);
+    REQUIRE(cols.size() == 14u);
     rows.push_back(cols);
   }
-  REQUIRE(rows.size() == 4u);
+  REQUIRE(rows.size() == 6u);
   // stories260K: dim 64, 5 layers. Bytes between daemons per token: none on
   // one node; one activation of 64 floats over a 2-stage pipeline; a tensor
   // group of 2 sends the embedding once and, per layer, each rank its
-  // partial of two reductions: (1 + 2 x 2 x 5) x 64 x 4 bytes.
-  const std::vector<std::string> want_bytes = {"0", "256", "0", "5376"};
+  // partial of two reductions: (1 + 2 x 2 x 5) x 64 x 4 bytes; scattered
+  // (issue #19), each rank sends half its partial and half of x per
+  // reduction: at T = 2 the same bytes.
+  const std::vector<std::string> want_bytes = {"0", "256", "0", "5376", "0", "5376"};
   for (size_t i = 0; i < rows.size(); ++i) {
     INFO(i);
     CHECK(rows[i][0] == "stories260K.bin");
     CHECK(rows[i][1] == (i < 2 ? "pipeline" : "tensor"));
+    CHECK(rows[i][13] == (i < 4 ? "direct" : "scatter"));
     CHECK(rows[i][2] == (i % 2 ? "2" : "1"));
     CHECK(rows[i][5] == "1gbit:50us");
     CHECK(std::stod(rows[i][8]) > 0);  // tpot_ms_p50
