@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -211,8 +212,17 @@ row_result try_plan(const plan_request& r) {
   return out;
 }
 
+/// The headline numbers re-planned with each leave-one-out refit of the
+/// calibration (plan_calibrate.hpp leave_one_out): their lowest and highest.
+struct plan_band {
+  int fits = 0;  // refits the plan was made with
+  double latency_lo = 0, latency_hi = 0;  // s between a sequence's tokens
+  double tokens_lo = 0, tokens_hi = 0;    // tokens/s
+  double cost_lo = 0, cost_hi = 0;        // USD per million tokens
+};
+
 std::string report_text(const plan_opts& o, const plan_result& p, const plan_result* base,
-                        const calibration* cal, const validation* val, const sim_result* sim, double sim_wall, const sim_result* stress,
+                        const calibration* cal, const validation* val, const plan_band* band, const sim_result* sim, double sim_wall, const sim_result* stress,
                         double stress_wall) {
   const plan_request& r = p.request;
   std::ostringstream md;
@@ -251,6 +261,13 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
      << money(p.cost_per_million_tokens_usd / 1e6) << " per token; " << money(p.usd_per_hour)
      << "/h: electricity at $" << f("%.3g", r.assume.electricity_usd_per_kwh) << "/kWh + "
      << money(p.hardware_usd) << " of hardware over " << f("%g", r.assume.amortisation_years) << " years) |\n";
+  if (band) {
+    md << "| uncertainty | with each of the " << band->fits
+       << " leave-one-out refits of the calibration: " << human_seconds(band->latency_lo) << " - "
+       << human_seconds(band->latency_hi) << " between a sequence's tokens, " << rate(band->tokens_lo) << " - "
+       << rate(band->tokens_hi) << " tokens/s, " << money(band->cost_lo) << " - " << money(band->cost_hi)
+       << " per million tokens |\n";
+  }
   if (base) {
     md << "| the same on " << base->request.nodes << " x " << base->request.hw.node.name << " | "
        << (base->memory_fit ? "fits" : "does not fit") << "; " << human_seconds(base->chain_s) << " per token, "
@@ -533,6 +550,7 @@ void add_plan(CLI::App& app, int& status) {
     plan_request r = build_request(*o);
     std::unique_ptr<calibration> cal;
     std::unique_ptr<validation> val;
+    std::vector<plan_assumptions> loo;  // leave-one-out refits (uncertainty band)
     if (!o->holdout.empty() && o->calibrate.empty()) throw cli_error("--holdout needs --calibrate", 2);
     if (!o->calibrate.empty()) {
       auto rows = parse_sweep_csv(read_text(o->calibrate), o->calibrate);
@@ -556,6 +574,7 @@ void add_plan(CLI::App& app, int& status) {
       auto c = calibrate(*rows, base, preset_resolver(&r.model));
       if (!c) throw cli_error("--calibrate " + o->calibrate + ": " + c.message());
       cal = std::make_unique<calibration>(*c);
+      if (auto l = leave_one_out(*rows, base, preset_resolver(&r.model))) loo = *l;
       if (!o->holdout.empty()) {
         auto rule = parse_holdout(o->holdout);
         if (!rule) throw cli_error(rule.message(), 2);
@@ -573,6 +592,29 @@ void add_plan(CLI::App& app, int& status) {
     }
     auto p = plan(r);
     if (!p) throw cli_error(p.message(), 2);
+    // The spread of the answer over the calibration's leave-one-out refits.
+    std::unique_ptr<plan_band> band;
+    if (cal && !loo.empty()) {
+      band = std::make_unique<plan_band>();
+      band->latency_lo = band->tokens_lo = band->cost_lo = std::numeric_limits<double>::infinity();
+      for (const auto& a : loo) {
+        plan_request q = r;
+        q.assume.compute_efficiency = o->efficiency > 0 ? o->efficiency : std::min(1.0, a.compute_efficiency);
+        q.assume.message_overhead_s = a.message_overhead_s;
+        q.assume.sync_overhead_s = a.sync_overhead_s;
+        q.assume.byte_overhead_s = a.byte_overhead_s;
+        auto pq = plan(q);
+        if (!pq) continue;
+        ++band->fits;
+        band->latency_lo = std::min(band->latency_lo, pq->per_token_latency_s);
+        band->latency_hi = std::max(band->latency_hi, pq->per_token_latency_s);
+        band->tokens_lo = std::min(band->tokens_lo, pq->tokens_per_s);
+        band->tokens_hi = std::max(band->tokens_hi, pq->tokens_per_s);
+        band->cost_lo = std::min(band->cost_lo, pq->cost_per_million_tokens_usd);
+        band->cost_hi = std::max(band->cost_hi, pq->cost_per_million_tokens_usd);
+      }
+      if (band->fits == 0) band.reset();
+    }
     std::unique_ptr<plan_result> base;
     if (o->baseline != "none" && !o->baseline.empty()) {
       const hardware_spec bhw = load_hardware(o->baseline, false);
@@ -624,6 +666,13 @@ void add_plan(CLI::App& app, int& status) {
                       pt.predicted_tpot_ms, pt.error * 100);
         }
       }
+      if (band) {
+        std::printf("uncertainty (%d leave-one-out refits of the calibration): %s - %s between a sequence's tokens, "
+                    "%s - %s tokens/s, %s - %s per million tokens\n",
+                    band->fits, human_seconds(band->latency_lo).c_str(), human_seconds(band->latency_hi).c_str(),
+                    rate(band->tokens_lo).c_str(), rate(band->tokens_hi).c_str(), money(band->cost_lo).c_str(),
+                    money(band->cost_hi).c_str());
+      }
       if (val) {
         std::printf("held-out validation (%s): fitted on %zu points, predicted %zu; largest held-out error %.1f%% "
                     "(tokens/s %.1f%%, comm share %.3f absolute)\n",
@@ -668,6 +717,12 @@ void add_plan(CLI::App& app, int& status) {
                                 {"max_abs_error", cal->max_abs_error},
                                 {"rms_error", cal->rms_error}};
       }
+      if (band) {
+        j["uncertainty"] = {{"refits", band->fits},
+                            {"per_token_latency_s", {band->latency_lo, band->latency_hi}},
+                            {"tokens_per_s", {band->tokens_lo, band->tokens_hi}},
+                            {"cost_per_million_tokens_usd", {band->cost_lo, band->cost_hi}}};
+      }
       if (val) {
         nlohmann::json pts = nlohmann::json::array();
         for (const auto& pt : val->held_out) {
@@ -703,7 +758,7 @@ void add_plan(CLI::App& app, int& status) {
     }
     if (!o->report.empty()) {
       write_text(o->report,
-                 report_text(*o, *p, base.get(), cal.get(), val.get(), sim.get(), sim_wall, stress.get(), stress_wall));
+                 report_text(*o, *p, base.get(), cal.get(), val.get(), band.get(), sim.get(), sim_wall, stress.get(), stress_wall));
       if (!json_to_stdout) std::printf("wrote %s\n", o->report.c_str());
     }
     status = 0;

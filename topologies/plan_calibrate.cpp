@@ -433,4 +433,22 @@ result<validation> validate(const std::vector<sweep_row>& rows, const plan_reque
   return v;
 }
 
+result<std::vector<plan_assumptions>> leave_one_out(const std::vector<sweep_row>& rows, const plan_request& base,
+                                                    const model_resolver& resolve) {
+  std::vector<size_t> batch1;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].batch <= 1) batch1.push_back(i);
+  if (batch1.size() < 3) return make_error("--calibrate: leave-one-out needs at least 3 rows with batch 1");
+  std::vector<plan_assumptions> out;
+  for (size_t left : batch1) {
+    std::vector<sweep_row> rest;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (i != left) rest.push_back(rows[i]);
+    auto c = calibrate(rest, base, resolve);
+    if (!c) return c.err();
+    out.push_back(c->fitted);
+  }
+  return out;
+}
+
 }  // namespace cellshard::topologies

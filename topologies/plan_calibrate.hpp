@@ -129,6 +129,14 @@ struct validation {
 result<validation> validate(const std::vector<sweep_row>& rows, const plan_request& base,
                             const model_resolver& resolve, const holdout_rule& rule);
 
+/// The spread of the fit (issue #25: an uncertainty band on every headline
+/// number): the constants refitted once without each batch-1 row in turn
+/// (leave-one-out; one set per row, in row order). A plan made with each set
+/// bounds how much the answer depends on any single measurement. Errors: as
+/// calibrate; fewer than 3 batch-1 rows.
+result<std::vector<plan_assumptions>> leave_one_out(const std::vector<sweep_row>& rows, const plan_request& base,
+                                                    const model_resolver& resolve);
+
 /// The plan request of one row on `base` (exposed for tests and the tool).
 result<plan_request> request_for_row(const sweep_row& row, const plan_request& base, const model_resolver& resolve);
 

@@ -215,3 +215,35 @@ TEST_CASE("calibration on the sweep measured here: within 20% at every point", "
   CHECK(c->fitted.compute_efficiency > 0);
   CHECK(c->fitted.compute_efficiency <= 1.5);
 }
+
+TEST_CASE("leave-one-out refits: one set of constants per batch-1 row, the spread a row causes", "[planner][calibrate]") {
+  const plan_request base = host_base();
+  const plan_assumptions truth = synthetic_truth(base);
+  int points = 0;
+  auto rows = parse_sweep_csv(synthetic_sweep(base, truth, points), "synthetic.csv");
+  REQUIRE(rows);
+  auto loo = leave_one_out(*rows, base, preset_resolver(nullptr));
+  REQUIRE(loo);
+  REQUIRE(static_cast<int>(loo->size()) == points);  // the batch-4 row is not left out: it is never fitted
+  // Consistent data: every refit gives the truth back.
+  for (const auto& a : *loo) {
+    CHECK(a.compute_efficiency == Approx(truth.compute_efficiency).epsilon(1e-6));
+    CHECK(a.message_overhead_s == Approx(truth.message_overhead_s).epsilon(1e-6));
+  }
+  // One row measured 30% slow: the refit without it is the truth, every other
+  // refit is pulled away from it, so the spread comes from that row alone.
+  std::vector<sweep_row> off = *rows;
+  off[5].tpot_ms_p50 *= 1.3;
+  auto pulled = leave_one_out(off, base, preset_resolver(nullptr));
+  REQUIRE(pulled);
+  CHECK((*pulled)[5].compute_efficiency == Approx(truth.compute_efficiency).epsilon(1e-6));
+  int moved = 0;
+  for (size_t i = 0; i < pulled->size(); ++i)
+    if (i != 5 && std::fabs((*pulled)[i].compute_efficiency - truth.compute_efficiency) > 1e-4) ++moved;
+  CHECK(moved > 0);
+  // Too few rows to leave one out.
+  std::vector<sweep_row> two(rows->begin(), rows->begin() + 2);
+  auto few = leave_one_out(two, base, preset_resolver(nullptr));
+  REQUIRE_FALSE(few);
+  CHECK(few.message().find("at least 3") != std::string::npos);
+}
