@@ -1,5 +1,6 @@
 #include "actors/recovery.hpp"
 
+#include "base/parse.hpp"
 #include "topologies/replacement.hpp"
 
 #include "supervision/errors.hpp"
@@ -45,7 +46,7 @@ using coordinator_actor = caf::stateful_actor<coordinator_state>;
 
 int index_of_child(const std::string& child) {
   if (child.rfind("shard-", 0) != 0) return -1;
-  return std::stoi(child.substr(6));
+  return parse_uint<int>(std::string_view(child).substr(6)).value_or(-1);  // base/parse.hpp
 }
 
 /// Fault kinds whose effect is a restart decision (the others only slow,

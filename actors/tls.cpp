@@ -1,5 +1,7 @@
 #include "actors/tls.hpp"
 
+#include "base/parse.hpp"
+
 #include <caf/io/middleman.hpp>
 #include <caf/openssl/manager.hpp>
 #include <caf/sec.hpp>
@@ -179,13 +181,10 @@ result<host_port> parse_host_port(const std::string& text, const std::string& fl
   if (hp.host.size() > 2 && hp.host.front() == '[' && hp.host.back() == ']')
     hp.host = hp.host.substr(1, hp.host.size() - 2);
   const std::string p = text.substr(colon + 1);
-  unsigned long v = 0;
-  for (char ch : p) {
-    if (ch < '0' || ch > '9' || v > 65535) return make_error(flag + ": bad port '" + p + "' in '" + text + "'");
-    v = v * 10 + static_cast<unsigned long>(ch - '0');
-  }
-  if (v > 65535) return make_error(flag + ": port " + p + " out of range in '" + text + "'");
-  hp.port = static_cast<uint16_t>(v);
+  const auto v = parse_uint<std::uint32_t>(p);  // base/parse.hpp
+  if (!v) return make_error(flag + ": bad port '" + p + "' in '" + text + "'");
+  if (*v > 65535) return make_error(flag + ": port " + p + " out of range in '" + text + "'");
+  hp.port = static_cast<uint16_t>(*v);
   return hp;
 }
 

@@ -1,5 +1,7 @@
 #include "model/generate.hpp"
 
+#include "base/parse.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -108,21 +110,21 @@ result<std::vector<int>> parse_ids(const std::string& text, const std::string& n
   std::istringstream in(text);
   std::string tok;
   int n = 0;
+  auto space = [](char c) { return c == '\n' || c == '\r' || c == ' ' || c == '\t'; };
   while (std::getline(in, tok, ',')) {
-    while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' '))
-      tok.pop_back();
+    while (!tok.empty() && space(tok.back())) tok.pop_back();
+    size_t lead = 0;
+    while (lead < tok.size() && space(tok[lead])) ++lead;
+    tok.erase(0, lead);
     if (tok.empty() && in.eof()) break;
-    try {
-      size_t used = 0;
-      ids.push_back(std::stoi(tok, &used));
-      if (used != tok.size()) throw std::invalid_argument(tok);
-    } catch (const std::exception&) {
-      return make_error(name + ": entry " + std::to_string(n) + " is '" + tok +
-                        "', expected an integer token id");
-    }
+    const auto id = parse_uint<int>(tok);  // base/parse.hpp
+    if (!id)
+      return make_error(error_code::bad_format, name + ": entry " + std::to_string(n) + " is '" + tok +
+                                                    "', expected a token id (an integer from 0 to 2147483647)");
+    ids.push_back(*id);
     ++n;
   }
-  if (ids.empty()) return make_error(name + ": no token ids");
+  if (ids.empty()) return make_error(error_code::bad_format, name + ": no token ids");
   return ids;
 }
 

@@ -6,6 +6,7 @@
 #include "model/tokenizer.hpp"
 
 #include "model/gguf.hpp"
+#include "base/parse.hpp"
 
 #ifndef CELLSHARD_NO_ICU
 #include <unicode/regex.h>
@@ -574,8 +575,10 @@ std::string tokenizer::decode(int prev, int token, bool special) const {
   std::string out;
   if (kind_ == tokenizer_kind::spm) {
     if (ty == token_type::byte) {
-      if (text.size() == 6 && text.compare(0, 3, "<0x") == 0)
-        return std::string(1, static_cast<char>(std::strtol(text.substr(3, 2).c_str(), nullptr, 16)));
+      if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>') {
+        if (auto b = parse_uint<unsigned char>(std::string_view(text).substr(3, 2), 16))  // base/parse.hpp
+          return std::string(1, static_cast<char>(*b));
+      }
       return {};
     }
     if (ty != token_type::normal) return {};

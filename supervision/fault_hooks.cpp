@@ -1,5 +1,9 @@
 #include "supervision/fault_hooks.hpp"
 
+#include "base/parse.hpp"
+
+#include <string_view>
+
 namespace cellshard::supervision {
 
 fault_hooks::fault_hooks(caf::event_based_actor* self, std::uint32_t node,
@@ -18,11 +22,11 @@ std::optional<std::uint64_t> fault_hooks::crash_step(const caf::error& reason) {
   const std::string key = "injected crash at step ";
   const auto at = text.rfind(key);
   if (at == std::string::npos) return std::nullopt;
-  try {
-    return static_cast<std::uint64_t>(std::stoull(text.substr(at + key.size())));
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  // The digits after the key (the rendering of the error may go on after them).
+  const std::string_view rest = std::string_view(text).substr(at + key.size());
+  size_t digits = 0;
+  while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9') ++digits;
+  return parse_uint<std::uint64_t>(rest.substr(0, digits));  // base/parse.hpp
 }
 
 fault_effects fault_hooks::on_step(std::uint64_t first, std::uint64_t last) {

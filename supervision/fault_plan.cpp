@@ -1,5 +1,7 @@
 #include "supervision/fault_plan.hpp"
 
+#include "base/parse.hpp"
+
 #include <algorithm>
 #include <limits>
 
@@ -21,17 +23,10 @@ std::string valid_kinds() {
   return s;
 }
 
-// Decimal digits only, no sign, no spaces, fits in `max`.
-std::optional<std::uint64_t> parse_uint(std::string_view s, std::uint64_t max) {
-  if (s.empty() || s.size() > 20) return std::nullopt;
-  std::uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    auto d = static_cast<std::uint64_t>(c - '0');
-    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return std::nullopt;
-    v = v * 10 + d;
-  }
-  if (v > max) return std::nullopt;
+// A whole decimal number up to `max` (base/parse.hpp).
+std::optional<std::uint64_t> parse_bounded(std::string_view s, std::uint64_t max) {
+  const auto v = cellshard::parse_uint<std::uint64_t>(s);
+  if (!v || *v > max) return std::nullopt;
   return v;
 }
 
@@ -118,7 +113,7 @@ result<fault_plan> parse_fault_spec(std::string_view spec) {
       return fail("field '" + std::string(f) + "' is not KEY=VALUE");
     auto key = f.substr(0, eq);
     auto val = f.substr(eq + 1);
-    auto num = [&](std::uint64_t max) { return parse_uint(val, max); };
+    auto num = [&](std::uint64_t max) { return parse_bounded(val, max); };
     auto bad_value = [&](const char* what) {
       return fail(std::string(key) + ": '" + std::string(val) + "' is not " + what);
     };

@@ -1,5 +1,6 @@
 #include "tests/support.hpp"
 
+#include "base/parse.hpp"
 #include "base/spawn.hpp"
 
 #include <cstring>
@@ -81,7 +82,13 @@ std::vector<int> read_ids(const std::string& path) {
   std::vector<int> ids;
   std::istringstream in(read_file(path));
   std::string tok;
-  while (std::getline(in, tok, ',')) ids.push_back(std::stoi(tok));
+  while (std::getline(in, tok, ',')) {
+    while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' ')) tok.pop_back();
+    const auto id = parse_uint<int>(tok);  // base/parse.hpp
+    INFO(path << ": entry " << ids.size() << " is '" << tok << "'");
+    REQUIRE(id);
+    ids.push_back(*id);
+  }
   return ids;
 }
 

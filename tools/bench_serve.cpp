@@ -16,6 +16,7 @@
 #include "tools/common.hpp"
 #include "actors/local_daemons.hpp"
 #include "base/percentile.hpp"
+#include "base/parse.hpp"
 #include "tools/serve.hpp"
 
 #include <httplib.h>
@@ -90,7 +91,7 @@ std::string one_request(int port, const bench_serve_opts& o, int number, std::st
         size_t end = ev.find('\n', start);
         if (end == std::string::npos) end = ev.size();
         const std::string line = ev.substr(start, end - start);
-        if (line.rfind("id: ", 0) == 0) id = std::stoi(line.substr(4));
+        if (line.rfind("id: ", 0) == 0) id = parse_uint<int>(std::string_view(line).substr(4)).value_or(-1);
         if (line.rfind("data: ", 0) == 0) payload = line.substr(6);
         start = end + 1;
       }
@@ -161,7 +162,8 @@ phase_result run_phase(const bench_serve_opts& o, const loaded_model& lm, bool f
   serve::server srv(**c, so);
   auto addr = srv.bind();
   if (!addr) throw cli_error(addr.message());
-  const int port = std::stoi(addr->substr(addr->rfind(':') + 1));
+  const int port = parse_uint<int>(std::string_view(*addr).substr(addr->rfind(':') + 1)).value_or(0);
+  if (port <= 0) throw cli_error("bench serve: the server bound '" + *addr + "', not HOST:PORT");
   std::thread http([&] { srv.run(); });
 
   const int total = o.clients * o.requests;

@@ -19,6 +19,7 @@
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 #include "base/percentile.hpp"
+#include "base/parse.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -218,7 +219,7 @@ uint64_t parse_digest_flag(const std::string& text, const std::string& flag) {
   if (!ok)
     throw cli_error(flag + " '" + text + "': expected a 64-bit hex digest such as 0xa63dd90f31c958a4 "
                     "(XXH64 of the whole file, as `inspect` and the journal print it)", 2);
-  return std::stoull(t, nullptr, 16);
+  return *parse_uint<uint64_t>(t, 16);  // base/parse.hpp; checked above
 }
 
 /// Usage checks of the flags alone, before anything is loaded: each names the

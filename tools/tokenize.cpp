@@ -1,6 +1,7 @@
 // `cellshard tokenize`: text -> token ids (as llama.cpp's llama-tokenize with
 // its ids output), or ids -> text with --decode. Loads only the tokenizer: a
 // vocabulary-only GGUF works, as does a llama2.c model with -z.
+#include "base/parse.hpp"
 #include "model/bundle.hpp"
 #include "model/tokenizer.hpp"
 #include "tools/commands.hpp"
@@ -55,18 +56,12 @@ int do_tokenize(const tokenize_opts& o, bool have_prompt, bool have_decode) {
     std::istringstream parts(item);
     std::string part;
     while (parts >> part) {
-      size_t used = 0;
-      long v = -1;
-      try {
-        v = std::stol(part, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != part.size() || v < 0 || v >= tok->vocab_size())
+      const auto v = parse_uint<int>(part);  // base/parse.hpp
+      if (!v || *v >= tok->vocab_size())
         throw cli_error("--decode: entry " + std::to_string(n) + " is '" + part + "', expected a token id in 0.." +
                             std::to_string(tok->vocab_size() - 1) + " (" + tok->name() + ")",
                         2);
-      ids.push_back(static_cast<int>(v));
+      ids.push_back(*v);
       ++n;
     }
   }

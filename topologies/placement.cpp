@@ -14,12 +14,6 @@ std::string plural(int n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
-bool parse_int(std::string_view s, int& out) {
-  auto v = parse_uint<int>(s);
-  if (v) out = *v;
-  return v.has_value();
-}
-
 result<void> check_config(const model::config& c) {
   auto bad = [&](const std::string& what) {
     return make_error("model config cannot be placed: " + what);
@@ -118,7 +112,7 @@ result<strategy> parse_strategy(std::string_view text) {
     s.kind = head == "pipeline" ? strategy_kind::pipeline : strategy_kind::tensor;
     if (colon != std::string_view::npos) {
       int n = 0;
-      if (!parse_int(arg, n) || n < 1) return make_error(usage + " (S and T at least 1)");
+      if (!parse_count(arg, n) || n < 1) return make_error(usage + " (S and T at least 1)");
       (s.kind == strategy_kind::pipeline ? s.stages : s.tp) = n;
     }
     (s.kind == strategy_kind::pipeline ? s.tp : s.stages) = 1;
@@ -127,8 +121,8 @@ result<strategy> parse_strategy(std::string_view text) {
   if (head == "hybrid") {
     const auto x = arg.find('x');
     int p = 0, tp = 0;
-    if (colon == std::string_view::npos || x == std::string_view::npos || !parse_int(arg.substr(0, x), p) ||
-        !parse_int(arg.substr(x + 1), tp) || p < 1 || tp < 1) {
+    if (colon == std::string_view::npos || x == std::string_view::npos || !parse_count(arg.substr(0, x), p) ||
+        !parse_count(arg.substr(x + 1), tp) || p < 1 || tp < 1) {
       return make_error(usage + " (hybrid needs P and T, both at least 1, e.g. hybrid:2x2)");
     }
     s.kind = strategy_kind::hybrid;

@@ -27,13 +27,6 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// A count N >= 1 (0 is refused: every caller wants at least one).
-bool parse_int(std::string_view s, int& out) {
-  auto v = parse_uint<int>(s);
-  if (v) out = *v;
-  return v && *v > 0;
-}
-
 int ceil_div(int a, int b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
 std::string fmt(const char* f, double v) {
@@ -300,7 +293,7 @@ result<plan_topology> parse_plan_topology(std::string_view text_in) {
     t.kind = head == "pipeline" ? plan_kind::pipeline : head == "tensor" ? plan_kind::tensor : plan_kind::expert;
     if (!arg.empty()) {
       int v = 0;
-      if (!parse_int(arg, v)) return make_error(what + ": expected " + head + ":N with N >= 1");
+      if (!parse_count(arg, v)) return make_error(what + ": expected " + head + ":N with N >= 1");
       (t.kind == plan_kind::pipeline ? t.stages : t.tp) = v;
     }
     if (t.kind == plan_kind::pipeline && t.stages == 0) t.tp = 1;
@@ -311,7 +304,7 @@ result<plan_topology> parse_plan_topology(std::string_view text_in) {
   if (head == "hybrid") {
     const auto x = arg.find('x');
     int p = 0, q = 0;
-    if (x == std::string::npos || !parse_int(arg.substr(0, x), p) || !parse_int(arg.substr(x + 1), q)) {
+    if (x == std::string::npos || !parse_count(arg.substr(0, x), p) || !parse_count(arg.substr(x + 1), q)) {
       return make_error(what + ": expected hybrid:PxT, e.g. hybrid:2x2");
     }
     t.kind = plan_kind::hybrid;

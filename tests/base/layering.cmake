@@ -29,3 +29,20 @@ foreach(f IN LISTS sources)
     endif()
   endforeach()
 endforeach()
+
+# One integer parser: integers in flags, specs, file fields, daemon lines and
+# ids files go through base/parse.hpp (whole string, fits the type, no sign
+# surprises), not the stoi/atoi/strtol family, which skip spaces, take signs
+# and suffixes, or throw. examples/ is exempt: it builds against the installed
+# package, which does not install base/parse.hpp.
+foreach(f IN LISTS sources)
+  if(f MATCHES "/build[^/]*/|/fuzz/|/examples/")
+    continue()
+  endif()
+  file(STRINGS ${f} hits REGEX "(^|[^a-z_])(stoi|stol|stoll|stoul|stoull|atoi|atol|atoll|strtol|strtoul|strtoll|strtoull)[ \t]*\\(")
+  foreach(line IN LISTS hits)
+    if(NOT line MATCHES "^[ \t]*//")
+      message(SEND_ERROR "${f}: parses an integer itself; use parse_uint (base/parse.hpp): ${line}")
+    endif()
+  endforeach()
+endforeach()

@@ -126,3 +126,20 @@ TEST_CASE("a classifier slice gives bit-identical logits for its vocabulary rows
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.message().find("classifier rows outside [0,512)") != std::string::npos);
 }
+
+TEST_CASE("parse_ids reads a fixture's ids line and names the bad entry", "[model][ids]") {
+  auto ok = model::parse_ids("1,450, 2\n", "a.ids");
+  REQUIRE(ok);
+  CHECK(*ok == std::vector<int>{1, 450, 2});
+  CHECK(model::parse_ids(model::format_ids({1, 0, 31999}), "b.ids").value() == std::vector<int>{1, 0, 31999});
+  auto neg = model::parse_ids("1,-3,4\n", "c.ids");
+  REQUIRE_FALSE(neg);
+  CHECK(neg.code() == error_code::bad_format);
+  CHECK(neg.message() == "c.ids: entry 1 is '-3', expected a token id (an integer from 0 to 2147483647)");
+  auto junk = model::parse_ids("1,2x\n", "d.ids");
+  REQUIRE_FALSE(junk);
+  CHECK(junk.message() == "d.ids: entry 1 is '2x', expected a token id (an integer from 0 to 2147483647)");
+  CHECK(model::parse_ids("1,99999999999\n", "e.ids").message() ==
+        "e.ids: entry 1 is '99999999999', expected a token id (an integer from 0 to 2147483647)");
+  CHECK(model::parse_ids("\n", "f.ids").message() == "f.ids: no token ids");
+}

@@ -16,6 +16,7 @@
 // and reaps it, whatever the outcome; every wait has a deadline.
 #include "tests/net/net_support.hpp"
 #include "tests/support.hpp"
+#include "base/parse.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -150,8 +151,9 @@ std::map<int, int> placement_nodes(const std::string& err, std::map<int, std::st
     if (a.find_first_not_of("0123456789") != std::string::npos ||
         b.find_first_not_of("0123456789") != std::string::npos)
       break;  // end of the table
-    out[std::stoi(a)] = std::stoi(b);
-    if (roles) (*roles)[std::stoi(a)] = role;
+    const int index = *parse_uint<int>(a), node = *parse_uint<int>(b);  // digits only, checked above
+    out[index] = node;
+    if (roles) (*roles)[index] = role;
   }
   return out;
 }

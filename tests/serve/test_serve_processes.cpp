@@ -3,6 +3,7 @@
 // to `run`, streaming events, faults of node daemons during a stream,
 // cancellation, and the bad-request table of issue #22. Model: stories260K.
 #include "tests/serve/serve_support.hpp"
+#include "base/parse.hpp"
 
 #include <atomic>
 #include <condition_variable>
@@ -56,7 +57,7 @@ test::command_result curl_post(int port, const std::string& path, const std::str
 std::pair<std::string, int> body_status(const std::string& out) {
   const size_t k = out.rfind("\nHTTP ");
   if (k == std::string::npos) return {out, -1};
-  return {out.substr(0, k), std::stoi(out.substr(k + 6))};
+  return {out.substr(0, k), parse_uint<int>(std::string_view(out).substr(k + 6)).value_or(-1)};
 }
 
 std::string metrics_of(int port) {

@@ -248,6 +248,8 @@ TEST_CASE_METHOD(caf_fixture, "hooks: injected crash is restarted by a superviso
   CHECK(describe(ev.reason) == "injected_crash: node 2: injected crash at step 3");
   // A supervisor in another process learns the step from the reason alone.
   CHECK(fault_hooks::crash_step(ev.reason) == std::optional<std::uint64_t>{3});
+  CHECK(fault_hooks::crash_step(fault_hooks::crash_reason(7, 5000000000ULL)) ==
+        std::optional<std::uint64_t>{5000000000ULL});  // beyond 32 bits (base/parse.hpp)
   CHECK_FALSE(fault_hooks::crash_step(make_error(sv_errc::node_silent, "node 2")));
   CHECK_FALSE(fault_hooks::crash_step(caf::error{}));
   // The new incarnation replays step 3 without crashing again.

@@ -5,6 +5,7 @@
 // benchmark's rows and timeline files exist, and no daemon is left running
 // afterwards (the daemons' command lines name a folder unique to the test).
 #include "tests/support.hpp"
+#include "base/parse.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -41,7 +42,7 @@ int processes_with(const std::string& needle) {
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (std::stoi(name) == static_cast<int>(::getpid())) continue;
+    if (parse_uint<int>(name) == static_cast<int>(::getpid())) continue;
     std::string cmdline = test::read_file("/proc/" + name + "/cmdline");
     for (auto& c : cmdline)
       if (c == '\0') c = ' ';
