@@ -1,8 +1,8 @@
 #include "actors/local_daemons.hpp"
 
-#include "base/parse.hpp"
 #include "base/spawn.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -144,50 +144,28 @@ result<void> local_daemons::launch(int i) {
     p.stopped = false;
     p.ended.clear();
   }
-  // The first line, under the deadline.
-  std::string line;
-  const auto until = std::chrono::steady_clock::now() + opts_.start_deadline;
-  while (line.find('\n') == std::string::npos) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
-    if (left <= 0) {
-      stop_one(p);
-      return make_error(who + " (pid " + std::to_string(pid) + "): no 'listening HOST:PORT' line within " +
-                        std::to_string(opts_.start_deadline.count()) + " ms; its stderr:\n" + log(i));
+  // The first line, under the deadline (base/spawn.hpp).
+  auto listening = read_listening_line(p.out_fd, opts_.start_deadline);
+  if (!listening && listening.code() == error_code::unavailable) {  // stdout closed: it ended before listening
+    int status = 0;
+    std::string how = "ended";
+    if (reap_within(pid, std::chrono::milliseconds(5000), &status)) how = "ended with " + describe_status(status);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      p.pid = -1;
+      p.dead = true;
     }
-    pollfd pf{p.out_fd, POLLIN, 0};
-    const int n = ::poll(&pf, 1, static_cast<int>(left));
-    if (n <= 0) continue;  // EINTR or timeout: the loop re-checks the deadline
-    char buf[256];
-    const ssize_t k = ::read(p.out_fd, buf, sizeof buf);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {  // stdout closed: it ended before listening
-      int status = 0;
-      std::string how = "ended";
-      if (reap_within(pid, std::chrono::milliseconds(5000), &status)) how = "ended with " + describe_status(status);
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        p.pid = -1;
-        p.dead = true;
-      }
-      ::close(p.out_fd);
-      p.out_fd = -1;
-      return make_error(who + " (" + opts_.binary + " node) " + how + " before listening; its stderr:\n" + log(i));
-    }
-    line.append(buf, static_cast<size_t>(k));
+    ::close(p.out_fd);
+    p.out_fd = -1;
+    return make_error(who + " (" + opts_.binary + " node) " + how + " before listening; its stderr:\n" + log(i));
   }
-  line = line.substr(0, line.find('\n'));
-  const std::string prefix = "listening ";
-  const auto colon = line.rfind(':');
-  int port = 0;
-  if (line.compare(0, prefix.size(), prefix) == 0 && colon != std::string::npos)
-    port = parse_uint<int>(std::string_view(line).substr(colon + 1)).value_or(0);  // base/parse.hpp
-  if (port <= 0 || port > 65535) {
+  if (!listening) {
     stop_one(p);
-    return make_error(who + ": first line '" + line + "' is not 'listening HOST:PORT'");
+    return make_error(who + " (pid " + std::to_string(pid) + "): " + listening.message() + "; its stderr:\n" +
+                      log(i));
   }
   std::lock_guard<std::mutex> lk(mu_);
-  p.port = static_cast<uint16_t>(port);
+  p.port = listening->port;
   return {};
 }
 
@@ -348,6 +326,45 @@ result<void> local_daemons::restart(int i) {
 std::string local_daemons::log(int i, size_t max_bytes) const {
   if (i < 0 || i >= size()) return "";
   return tail_of(procs_[static_cast<size_t>(i)].err_path, max_bytes);
+}
+
+thaw_timer::thaw_timer(local_daemons& d) : d_(d), th_([this] { loop(); }) {}
+
+thaw_timer::~thaw_timer() { stop(); }
+
+void thaw_timer::add(int daemon, int64_t at_ns) {
+  std::lock_guard<std::mutex> lk(mu_);
+  pending_.push_back({at_ns, daemon});
+  cv_.notify_all();
+}
+
+void thaw_timer::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  if (th_.joinable()) th_.join();
+}
+
+void thaw_timer::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!done_) {
+    if (pending_.empty()) {
+      cv_.wait(lk);  // woken by add() or stop()
+      continue;
+    }
+    auto first = std::min_element(pending_.begin(), pending_.end());
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    if (now >= first->first) {
+      d_.thaw(first->second);  // an error (the daemon was killed meanwhile) leaves nothing to thaw
+      pending_.erase(first);
+      continue;
+    }
+    cv_.wait_for(lk, std::chrono::nanoseconds(first->first - now));
+  }
 }
 
 }  // namespace cellshard::actors

@@ -34,12 +34,15 @@
 #include "model/result.hpp"
 
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <sys/types.h>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace cellshard::actors {
@@ -127,6 +130,33 @@ private:
   int spares_ = 0;
   std::vector<proc> procs_;
   mutable std::mutex mu_;  // pid/dead/stopped of procs_ (signal() may run on other threads)
+};
+
+/// SIGCONTs stopped daemons of a local_daemons at their time (steady-clock
+/// ns, CLOCK_MONOTONIC, as local_daemons::signal returns), on its own thread,
+/// until stop() or the destructor (which join it; thaws not yet due are
+/// dropped: local_daemons::thaw_all() ends the rest). chaos --processes uses
+/// it for `stop:...:ms=D` faults. Thread safety: add() from any thread (e.g.
+/// a token callback); it only waits on its own condition variable. The
+/// daemons must outlive it. A thaw of a daemon killed meanwhile does nothing.
+class thaw_timer {
+public:
+  explicit thaw_timer(local_daemons& d);
+  ~thaw_timer();
+  thaw_timer(const thaw_timer&) = delete;
+  thaw_timer& operator=(const thaw_timer&) = delete;
+  /// SIGCONT daemon `daemon` at `at_ns` (at once when that is past).
+  void add(int daemon, int64_t at_ns);
+  void stop();
+
+private:
+  void loop();
+  local_daemons& d_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<int64_t, int>> pending_;  // (at_ns, daemon)
+  bool done_ = false;
+  std::thread th_;
 };
 
 }  // namespace cellshard::actors

@@ -21,6 +21,7 @@
 // Every run has a deadline (--deadline); past it the run is hung, and over
 // --processes every daemon is replaced.
 #include "actors/chaos_plan.hpp"
+#include "actors/chaos_run.hpp"
 #include "actors/cluster.hpp"
 #include "actors/run_report.hpp"
 #include "actors/remote.hpp"
@@ -35,7 +36,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <map>
@@ -50,6 +50,7 @@ namespace cellshard::tools {
 using actors::daemon_models_dir;
 using actors::local_daemon_options;
 using actors::local_daemons;
+using actors::thaw_timer;
 
 namespace {
 
@@ -74,67 +75,8 @@ struct chaos_opts {
   std::string daemon_logs;           // --daemon-logs DIR (processes)
 };
 
-
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 using actors::external_fault;
-
-/// SIGCONTs stopped daemons at their time, on its own thread, until stop().
-class thaw_timer {
-public:
-  explicit thaw_timer(local_daemons& d) : d_(d), th_([this] { loop(); }) {}
-  ~thaw_timer() { stop(); }
-  void add(int daemon, int64_t at_ns) {
-    std::lock_guard<std::mutex> lk(mu_);
-    pending_.push_back({at_ns, daemon});
-    cv_.notify_all();
-  }
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      done_ = true;
-      cv_.notify_all();
-    }
-    if (th_.joinable()) th_.join();
-  }
-
-private:
-  void loop() {
-    std::unique_lock<std::mutex> lk(mu_);
-    while (!done_) {
-      if (pending_.empty()) {
-        cv_.wait(lk);  // woken by add() or stop()
-        continue;
-      }
-      auto first = std::min_element(pending_.begin(), pending_.end());
-      const int64_t now = steady_ns();
-      if (now >= first->first) {
-        d_.thaw(first->second);  // an error (daemon killed meanwhile) leaves nothing to thaw
-        pending_.erase(first);
-        continue;
-      }
-      cv_.wait_for(lk, std::chrono::nanoseconds(first->first - now));
-    }
-  }
-  local_daemons& d_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::pair<int64_t, int>> pending_;
-  bool done_ = false;
-  std::thread th_;
-};
-
-/// What happened to one external fault in a run.
-struct fired_external {
-  external_fault f;
-  int daemon = -1;
-  int64_t fired_ns = 0;  // 0: not sent
-  std::string note;      // why not, when not
-};
+using actors::fired_external;
 
 int do_chaos(const chaos_opts& o) {
   loaded_model lm = load_model(o.model, o.tokenizer, false, o.ctx);
@@ -252,26 +194,14 @@ int do_chaos(const chaos_opts& o) {
         std::mutex mu;
         int delivered = 0;
         actors::cluster* cl = c->get();
+        // The signals due at each delivered token (actors/chaos_run.hpp).
+        auto send = [&](int daemon, bool kill) { return daemons->signal(daemon, kill ? SIGKILL : SIGSTOP); };
         auto on_token = [&](uint64_t, int, const std::string&) {
           if (externals.empty()) return;
           std::lock_guard<std::mutex> lk(mu);
           ++delivered;
-          for (auto& e : externals) {
-            if (e.f.at != delivered || e.fired_ns != 0) continue;
-            const auto nodes = cl->current_nodes();
-            if (e.f.index >= static_cast<int>(nodes.size())) {
-              e.note = "no placement index " + std::to_string(e.f.index);
-              continue;
-            }
-            e.daemon = nodes[static_cast<size_t>(e.f.index)];
-            auto r = daemons->signal(e.daemon, e.f.kind == "kill" ? SIGKILL : SIGSTOP);  // no wait
-            if (!r) {
-              e.note = r.message();
-              continue;
-            }
-            e.fired_ns = *r;
-            if (e.f.kind == "stop" && e.f.ms > 0) timer->add(e.daemon, e.fired_ns + int64_t(e.f.ms) * 1000000);
-          }
+          for (const auto& t : actors::fire_due(externals, delivered, cl->current_nodes(), send))
+            timer->add(t.daemon, t.at_ns);
         };
         auto r = (*c)->generate(gp, on_token, deadline);
         if (timer) timer->stop();
@@ -287,46 +217,30 @@ int do_chaos(const chaos_opts& o) {
           detail = r->error;
           ++failed;
         } else if (r->result.ids != reference) {
-          size_t d = 0;
-          while (d < reference.size() && d < r->result.ids.size() && reference[d] == r->result.ids[d]) ++d;
           outcome = "DIVERGED";
-          detail = "first difference at position " + std::to_string(d);
+          detail = "first difference at position " +
+                   std::to_string(actors::first_difference(reference, r->result.ids));
           ++diverged;
         } else {
           outcome = "ok";
           detail = std::to_string(r->recoveries.size()) + " recoveries, " + std::to_string(r->retries) +
                    " re-sends";
         }
-        std::set<size_t> used;  // records matched to an external fault
-        for (const auto& e : externals) {
-          nlohmann::json fj = {{"kind", e.f.kind}, {"node", e.f.index}, {"step", e.f.at}, {"daemon", e.daemon},
-                               {"detect_ms", -1}, {"recover_ms", -1}, {"replayed_positions", 0}};
-          if (e.fired_ns == 0) {
-            fj["note"] = e.note.empty() ? "not sent: the run ended first" : e.note;
-            faults_json.push_back(fj);
-            continue;
-          }
-          // The runtime's record of it: the first unmatched decision about
-          // that daemon taken after the signal (node-down / node-silent).
-          const auto records = cl->faults();
-          for (size_t k = 0; k < records.size(); ++k) {
-            const auto& f = records[k];
-            if (used.count(k) || f.node != e.daemon || f.decided_ns < e.fired_ns || f.fired_ns != 0) continue;
-            used.insert(k);
-            const double det = (f.decided_ns - e.fired_ns) / 1e6;
-            const double rec = f.recovered_ns > 0 ? (f.recovered_ns - f.decided_ns) / 1e6 : f.recover_ms;
-            fj["record"] = f.kind;
-            fj["detect_ms"] = det;
-            fj["recover_ms"] = rec;
-            fj["replayed_positions"] = f.replayed_positions;
-            fj["moved_to_node"] = f.moved_to_node;
-            detect.push_back(det);
-            if (rec >= 0) recover.push_back(rec);
-            break;
-          }
-          faults_json.push_back(fj);
-        }
+        // The runtime's record of each signal (actors/chaos_run.hpp's rule).
         const auto records = cl->faults();
+        const auto matched = actors::match_external_records(externals, records);
+        std::set<size_t> used;  // records matched to an external fault
+        for (size_t i = 0; i < externals.size(); ++i) {
+          const actors::fault_record* rec = nullptr;
+          if (matched[i] >= 0) {
+            rec = &records[static_cast<size_t>(matched[i])];
+            used.insert(static_cast<size_t>(matched[i]));
+            detect.push_back(actors::external_detect_ms(externals[i], *rec));
+            const double ms = actors::external_recover_ms(*rec);
+            if (ms >= 0) recover.push_back(ms);
+          }
+          faults_json.push_back(actors::external_json(externals[i], rec));
+        }
         for (size_t k = 0; k < records.size(); ++k) {
           const auto& f = records[k];
           if (used.count(k)) continue;
@@ -342,11 +256,8 @@ int do_chaos(const chaos_opts& o) {
       daemons->reap();
       const std::string ends = daemons->unexpected_ends();
       if (!ends.empty()) detail += " [" + ends + "]";
-      for (int i = 0; i < daemons->size(); ++i) {
-        bool replace = teardown_all || !daemons->alive(i);
-        for (const auto& e : externals)
-          if (e.daemon == i && e.fired_ns != 0) replace = true;
-        if (!replace) continue;
+      const auto alive = [&](int i) { return daemons->alive(i); };
+      for (int i : actors::daemons_to_replace(daemons->size(), alive, externals, teardown_all)) {
         auto r = daemons->restart(i);
         if (!r) throw cli_error("chaos: replacing " + daemons->describe(i) + " after run " + std::to_string(run) +
                                 ": " + r.message());

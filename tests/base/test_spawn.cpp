@@ -93,3 +93,84 @@ TEST_CASE("spawn_child: a program that cannot run is exit status 127", "[spawn]"
   CHECK(find_program("no-such-program-anywhere").empty());
   CHECK(find_program("/bin/sh") == "/bin/sh");
 }
+
+namespace {
+
+/// A pipe holding `bytes`; its write end closed when `close_writer`.
+struct filled_pipe {
+  int fds[2] = {-1, -1};
+  filled_pipe(const std::string& bytes, bool close_writer) {
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    REQUIRE(::write(fds[1], bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+    if (close_writer) {
+      ::close(fds[1]);
+      fds[1] = -1;
+    }
+  }
+  ~filled_pipe() {
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("read_listening_line: a server child's first line, parsed, and nothing after it consumed", "[spawn]") {
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  const pid_t pid = spawn_child({"/bin/sh", "-c", "echo listening 127.0.0.1:4242; echo second line"}, -1, out[1], -1);
+  ::close(out[1]);
+  REQUIRE(pid > 0);
+  auto a = read_listening_line(out[0], std::chrono::minutes(1));
+  INFO((a.ok() ? a->line : a.message()));
+  REQUIRE(a);
+  CHECK(a->host == "127.0.0.1");
+  CHECK(a->port == 4242);
+  CHECK(a->line == "listening 127.0.0.1:4242");
+  CHECK(read_all(out[0]) == "second line\n");  // nothing after the first line was consumed
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+
+  filled_pipe v6("listening [::1]:65535\n", false);
+  auto b = read_listening_line(v6.fds[0], std::chrono::minutes(1));
+  REQUIRE(b);
+  CHECK(b->host == "::1");
+  CHECK(b->port == 65535);
+}
+
+TEST_CASE("read_listening_line: each way of not listening is its own error", "[spawn]") {
+  SECTION("the child ends first") {
+    int out[2];
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    const pid_t pid = spawn_child({"/bin/sh", "-c", "printf 'listen'; exit 3"}, -1, out[1], -1);
+    ::close(out[1]);
+    REQUIRE(pid > 0);
+    auto r = read_listening_line(out[0], std::chrono::minutes(1));
+    ::close(out[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WEXITSTATUS(status) == 3);
+    REQUIRE_FALSE(r);
+    CHECK(r.code() == error_code::unavailable);
+    CHECK(r.message() == "it ended before listening (stdout closed after 'listen')");
+  }
+  SECTION("no line by the deadline (the writer stays open)") {
+    filled_pipe p("listening 127.0.0.1:1", false);  // no '\n' yet
+    auto r = read_listening_line(p.fds[0], std::chrono::milliseconds(0));
+    REQUIRE_FALSE(r);
+    CHECK(r.code() == error_code::timeout);
+    CHECK(r.message() == "no 'listening HOST:PORT' line within 0 ms");
+  }
+  SECTION("some other line") {
+    for (const std::string bad : {"error: no model\n", "listening 127.0.0.1:0\n", "listening 127.0.0.1:65536\n",
+                                  "listening 127.0.0.1:80x\n", "listening :80\n", "listening host\n", "\n"}) {
+      INFO(bad);
+      filled_pipe p(bad, true);
+      auto r = read_listening_line(p.fds[0], std::chrono::minutes(1));
+      REQUIRE_FALSE(r);
+      CHECK(r.code() == error_code::bad_format);
+      CHECK(r.message() == "its first line '" + bad.substr(0, bad.size() - 1) + "' is not 'listening HOST:PORT'");
+    }
+  }
+}

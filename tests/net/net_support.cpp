@@ -50,35 +50,20 @@ daemon_process::daemon_process(const std::string& dir, const std::vector<std::st
   if (err >= 0) ::close(err);
   out_fd_ = out[0];
   if (pid_ < 0) return;
-  // Read the first line, with a deadline.
-  std::string line;
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<long>(deadline_s * 1000));
-  while (line.find('\n') == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          until - std::chrono::steady_clock::now()).count();
-    if (left <= 0) return;
-    pollfd p{out_fd_, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(left));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    char buf[256];
-    const ssize_t k = ::read(out_fd_, buf, sizeof buf);
-    if (k <= 0) {  // it ended before listening
-      int status = 0;
-      if (::waitpid(pid_, &status, 0) == pid_) {
-        early_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        pid_ = -1;
-      }
-      return;
-    }
-    line.append(buf, static_cast<size_t>(k));
+  // The first line, with a deadline (base/spawn.hpp).
+  auto listening = read_listening_line(out_fd_, std::chrono::milliseconds(static_cast<long>(deadline_s * 1000)));
+  if (listening) {
+    port_ = listening->port;
+    return;
   }
-  line = line.substr(0, line.find('\n'));
-  const std::string prefix = "listening ";
-  const auto colon = line.rfind(':');
-  if (line.compare(0, prefix.size(), prefix) == 0 && colon != std::string::npos)
-    port_ = static_cast<uint16_t>(std::stoi(line.substr(colon + 1)));
+  start_error_ = listening.message();
+  if (listening.code() == error_code::unavailable) {  // it ended before listening
+    int status = 0;
+    if (::waitpid(pid_, &status, 0) == pid_) {
+      early_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      pid_ = -1;
+    }
+  }
 }
 
 daemon_process::~daemon_process() {
@@ -92,6 +77,7 @@ daemon_process::~daemon_process() {
 
 std::string daemon_process::log() const {
   std::string s = read_file(err_path_);
+  if (!start_error_.empty()) s += "\n(" + start_error_ + ")";
   if (early_status_ >= 0) s += "\n(exited with status " + std::to_string(early_status_) + " before listening)";
   if (pid_ > 0) {
     int status = 0;
@@ -396,7 +382,7 @@ std::map<uint16_t, tcp_bytes> tcp_traffic_by_peer_port() {
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    const int fd = std::atoi(e->d_name);
+    const int fd = parse_uint<int>(e->d_name).value_or(-1);  // base/parse.hpp
     struct stat sb;
     if (::fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode)) continue;
     sockaddr_storage peer{};

@@ -47,6 +47,7 @@ private:
   uint16_t port_ = 0;
   int out_fd_ = -1;
   int early_status_ = -1;
+  std::string start_error_;  // why no listening line was read (base/spawn.hpp), "" when it was
   std::string err_path_;
 };
 

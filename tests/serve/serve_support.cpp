@@ -1,5 +1,6 @@
 #include "tests/serve/serve_support.hpp"
 
+#include "base/parse.hpp"
 #include "base/spawn.hpp"
 
 #include <cerrno>
@@ -26,21 +27,12 @@ child::child(const std::vector<std::string>& args, const std::string& err_path, 
   ::close(err);
   REQUIRE(pid_ > 0);
   out_fd_ = out[0];
-  // The first line: "listening HOST:PORT".
-  std::string line;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
-  while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
-    pollfd p{out_fd_, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;
-    char buf[256];
-    const ssize_t n = ::read(out_fd_, buf, sizeof buf);
-    if (n <= 0) break;
-    line.append(buf, n);
-  }
-  INFO("child " << args[0] << " " << (args.size() > 1 ? args[1] : "") << " said: " << line << "\nstderr: " << log());
-  REQUIRE(line.rfind("listening ", 0) == 0);
-  const size_t colon = line.rfind(':');
-  port_ = std::stoi(line.substr(colon + 1));
+  // The first line: "listening HOST:PORT" (base/spawn.hpp).
+  auto listening = read_listening_line(out_fd_, std::chrono::milliseconds(static_cast<long>(deadline_s * 1000)));
+  INFO("child " << args[0] << " " << (args.size() > 1 ? args[1] : "") << ": "
+                << (listening ? listening->line : listening.message()) << "\nstderr: " << log());
+  REQUIRE(listening);
+  port_ = listening->port;
 }
 
 child::~child() {
@@ -98,7 +90,7 @@ std::vector<sse_event> parse_sse(const std::string& body) {
       if (le == std::string::npos) le = ev.size();
       const std::string line = ev.substr(ls, le - ls);
       ls = le + 1;
-      if (line.rfind("id: ", 0) == 0) e.id = std::stoi(line.substr(4)), any = true;
+      if (line.rfind("id: ", 0) == 0) e.id = parse_uint<int>(std::string_view(line).substr(4)).value_or(-2), any = true;
       else if (line.rfind("data: ", 0) == 0) e.data = line.substr(6), any = true;
     }
     if (any) out.push_back(e);
