@@ -2,14 +2,18 @@
 // that crashed CAF 0.17's multiplexer, and a flood of junk connections, no
 // longer reach CAF; a front end pointed at a hostile listener exits with a
 // clear error instead of parsing its bytes; a plain daemon listens on
-// loopback only unless --insecure.
+// loopback only unless --insecure; `cellshard certs` makes the PKI of a TLS
+// cluster and `cellshard status` reports its daemon.
 #include "tests/net/net_support.hpp"
 #include "tests/support.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -150,4 +154,71 @@ TEST_CASE("a plain daemon binds loopback only, and --insecure allows another add
   // daemon_process listens on 127.0.0.1 (loopback) whatever; --insecure is accepted.
   INFO(d.log());
   CHECK(d.ok());
+}
+
+TEST_CASE("cellshard certs makes the PKI of a TLS cluster, and cellshard status reports its daemon",
+          "[net][guard][tls]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("net-certs-status");
+  const std::string bin = test::cellshard_bin();
+  const std::string pki = dir + "/pki";
+  auto made = test::run_command({bin, "certs", pki}, 120);
+  INFO(made.err);
+  REQUIRE(made.status == 0);
+  for (const char* f : {"ca.pem", "ca.key", "node.pem", "node.key", "client.pem", "client.key"}) {
+    INFO(f);
+    struct stat st {};
+    REQUIRE(::stat((pki + "/" + f).c_str(), &st) == 0);
+    CHECK(st.st_size > 0);
+    if (std::string(f).find(".key") != std::string::npos) CHECK((st.st_mode & 0777) == 0600);
+  }
+  // A second run does not overwrite them.
+  auto again = test::run_command({bin, "certs", pki}, 60);
+  CHECK(again.status == 2);
+  CHECK_THAT(again.err, Catch::Contains("exists already") && Catch::Contains("--force"));
+
+  // A TLS daemon with the node certificate; a front end with the client's.
+  test::daemon_process d(dir, {"--models", test::shared_file("models"), "--memory", "256MiB", "--tls-cert",
+                               pki + "/node.pem", "--tls-key", pki + "/node.key", "--tls-ca", pki + "/ca.pem"});
+  INFO(d.log());
+  REQUIRE(d.ok());
+  const std::string file = test::write_cluster_file(dir + "/cluster.json", {d.port()});
+  const std::vector<std::string> tls{"--tls-cert", pki + "/client.pem", "--tls-key", pki + "/client.key",
+                                     "--tls-ca", pki + "/ca.pem"};
+  const auto& fc = test::fixture_cases()[0];
+  std::vector<std::string> args = {bin, "run", "-m", test::shared_file("models/stories260K.bin"), "-z",
+                                   test::shared_file("models/tok512.bin"), "-n", std::to_string(fc.steps), "-t",
+                                   std::to_string(fc.temperature), "-p", std::to_string(fc.topp), "-s",
+                                   std::to_string(fc.seed), "--cluster", file, "--expect-ids",
+                                   test::shared_file("fixtures/" + fc.name + ".ids")};
+  if (!fc.prompt.empty()) args.insert(args.end(), {"-i", fc.prompt});
+  args.insert(args.end(), tls.begin(), tls.end());
+  auto r = test::run_command(args, 120);
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK(r.out == test::read_file(test::shared_file("fixtures/" + fc.name + ".txt")));
+
+  // status over TLS: one line per daemon, and the JSON.
+  std::vector<std::string> st{bin, "status", "--cluster", file, "--json", dir + "/status.json"};
+  st.insert(st.end(), tls.begin(), tls.end());
+  auto s = test::run_command(st, 60);
+  INFO(s.err);
+  REQUIRE(s.status == 0);
+  CHECK_THAT(s.out, Catch::Contains(d.address()) && Catch::Contains("mutual TLS"));
+  const auto j = nlohmann::json::parse(test::read_file(dir + "/status.json"), nullptr, false);
+  REQUIRE_FALSE(j.is_discarded());
+  REQUIRE(j.at("daemons").size() == 1u);
+  const auto& e = j.at("daemons")[0];
+  CHECK(e.at("address") == d.address());
+  CHECK(e.at("tls") == true);
+  CHECK(e.at("pid") == d.pid());
+  CHECK(e.at("budget_bytes") == 256ull << 20);
+  CHECK(e.at("used_bytes").get<uint64_t>() <= 256ull << 20);
+  CHECK(e.at("version") == "0.1.0");
+  CHECK(e.at("uptime_s").get<double>() > 0);
+  CHECK(e.at("profile") == "host");
+  // Without the client certificate the daemon is listed unreachable: exit 1.
+  auto plain = test::run_command({bin, "status", "--cluster", file, "--timeout-ms", "5000"}, 60);
+  CHECK(plain.status == 1);
+  CHECK_THAT(plain.out + plain.err, Catch::Contains(d.address()) && Catch::Contains("unreachable"));
 }
