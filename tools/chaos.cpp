@@ -351,6 +351,10 @@ void add_chaos(CLI::App& app, int& status) {
       throw cli_error("--tls-cert/--tls-key/--tls-ca secure the connections to node daemons: they need --cluster",
                       2);
     if (!o->daemon_logs.empty() && o->processes == 0) throw cli_error("--daemon-logs needs --processes", 2);
+    if (o->step_timeout_min_ms > o->step_timeout_max_ms)
+      throw cli_error("--step-timeout-min (" + std::to_string(o->step_timeout_min_ms) +
+                          " ms) exceeds --step-timeout-max (" + std::to_string(o->step_timeout_max_ms) + " ms)",
+                      2);
     if (auto k = actors::check_fault_kinds(o->kinds, o->processes > 0); !k) throw cli_error(k.message(), 2);
     auto tls = actors::check_tls_flags({o->tls_cert, o->tls_key, o->tls_ca});
     if (!tls) throw cli_error(tls.message(), 2);
