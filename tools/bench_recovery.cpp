@@ -437,7 +437,7 @@ int run_recovery_process_bench(const recovery_process_bench_options& o, std::vec
   {
     const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
     for (int rep = 0; rep < o.repeat; ++rep) {
-      std::fprintf(stderr, "[busy %d/%d] fault-free run with %ld busy loop(s) on every core\n", rep + 1, o.repeat,
+      std::fprintf(stderr, "[busy %d/%d] fault-free run with %ld busy loop(s), one per core\n", rep + 1, o.repeat,
                    cores);
       std::vector<pid_t> loops;
       for (long c = 0; c < cores; ++c) {
