@@ -4,6 +4,8 @@
 //   net.hop          one hop through CAF's middleman (half a request/response
 //                    round trip to a daemon actor), with and without TLS, vs
 //                    half the raw TCP round trip
+//   net.hop_local    the same request to an actor of this process (CAF's
+//                    scheduler and mailboxes alone), vs the same baseline
 //   net.tpot         time per output token over 1, 2, 4, 8 daemon processes
 //                    (pipeline), with and without TLS, vs the same placement
 //                    with in-process nodes
@@ -225,6 +227,25 @@ int run_net_bench(const net_bench_options& o, std::vector<bench_row>& rows) {
   rows.push_back({"net.tcp_rtt", {{"payload", "64 B"}, {"pings", std::to_string(o.pings)}}, tcp, "us", -1, "", 0});
   std::fprintf(stderr, "raw TCP loopback round trip: %.1f us\n", tcp);
 
+  // The hop's share that is not the network: the same request/response to
+  // an actor in this process (CAF's scheduler and mailboxes only: no
+  // middleman, no serialisation, no socket).
+  double local_hop = 0;
+  {
+    caf::actor_system_config cfg;
+    actors::register_messages(cfg);
+    cfg.set("scheduler.max-threads", static_cast<size_t>(o.caf_threads));
+    caf::actor_system sys{cfg};
+    auto echo = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+      return {[](actors::stats_atom) { return actors::node_report{}; }};
+    });
+    local_hop = caf_rtt_us(sys, echo, o.pings) / 2;
+    caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+    rows.push_back({"net.hop_local", {{"pings", std::to_string(o.pings)}}, local_hop, "us", tcp / 2,
+                    "half a raw TCP loopback round trip, same run", tcp > 0 ? 2 * local_hop / tcp : 0});
+    std::fprintf(stderr, "in-process hop (same request to an actor of this process): %.1f us\n", local_hop);
+  }
+
   // In-process baselines per node count.
   std::map<int, run_result> local;
   for (int n : o.nodes) local[n] = run_cluster(lm, nullptr, n, o.steps, o.reps, o.caf_threads);
@@ -294,6 +315,11 @@ int run_net_bench(const net_bench_options& o, std::vector<bench_row>& rows) {
       rows.push_back(r);
       std::fprintf(stderr, "CAF hop (TLS %s): %.1f us (raw TCP %.1f us, x%.2f)\n", tls_name.c_str(), rtt / 2,
                    tcp / 2, r.ratio);
+      // A rough split: the scheduler's part (as in process), the kernel's
+      // (raw TCP), and the rest (middleman thread, BASP, serialisation, the
+      // daemon's own scheduling and wake-ups).
+      std::fprintf(stderr, "  split: in-process hop %.1f us + raw TCP %.1f us + the rest %.1f us\n", local_hop,
+                   tcp / 2, rtt / 2 - local_hop - tcp / 2);
     }
     // Per-token latency over N processes.
     for (int n : o.nodes) {
