@@ -32,6 +32,7 @@ struct plan_opts {
   std::string memory, link, weights = "native", wire;
   std::string calibrate_hardware = "host";
   std::string holdout;  // --holdout RULE (with --calibrate)
+  std::string calibrate_model;  // --calibrate-model: the rows' model when it is not a preset
   int nodes = 0, batch = 1, context = 4096, calibrate_context = 64;
   // Assumption overrides (< 0: keep the default).
   double electricity = -1, amortisation = -1, price = -1, failures = -1, detect_ms = -1, recover_ms = -1;
@@ -189,6 +190,10 @@ std::string command_line(const plan_opts& o) {
   if (o.weights != "native") c += " --weights " + o.weights;
   if (!o.wire.empty()) c += " --wire " + o.wire;
   if (!o.calibrate.empty()) c += " --calibrate " + o.calibrate;
+  if (!o.calibrate.empty() && !o.calibrate_model.empty()) c += " --calibrate-model " + o.calibrate_model;
+  if (!o.calibrate.empty() && o.calibrate_hardware != "host") c += " --calibrate-hardware " + o.calibrate_hardware;
+  if (!o.calibrate.empty() && o.calibrate_context != 64) c += " --calibrate-context " + std::to_string(o.calibrate_context);
+  if (!o.holdout.empty()) c += " --holdout " + o.holdout;
   if (o.simulate) c += " --simulate" + (o.sim_hours != 1 ? " --sim-hours " + f("%g", o.sim_hours) : std::string());
   if (!o.report.empty()) c += " --report " + o.report;
   return c;
@@ -504,6 +509,9 @@ void add_plan(CLI::App& app, int& status) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--calibrate", o->calibrate, "fit the constants to a sweep CSV (CLI.md sweep columns)");
+  cmd->add_option("--calibrate-model", o->calibrate_model,
+                  "with --calibrate: the sweep's model (preset or config.json) for rows whose model is not a preset "
+                  "(default: --model)");
   cmd->add_option("--holdout", o->holdout,
                   "with --calibrate: also fit without the rows RULE holds out (every:K[:J] or nodes:N) and report "
                   "the error of predicting them");
@@ -571,14 +579,22 @@ void add_plan(CLI::App& app, int& status) {
       }
       base.context = o->calibrate_context;
       base.assume = r.assume;
-      auto c = calibrate(*rows, base, preset_resolver(&r.model));
+      model_spec rows_model = r.model;
+      if (!o->calibrate_model.empty()) {
+        auto m = is_file(o->calibrate_model) ? spec_from_hf_json(read_text(o->calibrate_model), o->calibrate_model)
+                                             : find_model_preset(o->calibrate_model);
+        if (!m) throw cli_error("--calibrate-model: " + m.message(), 2);
+        rows_model = *m;
+      }
+      const model_resolver resolve = preset_resolver(&rows_model);
+      auto c = calibrate(*rows, base, resolve);
       if (!c) throw cli_error("--calibrate " + o->calibrate + ": " + c.message());
       cal = std::make_unique<calibration>(*c);
-      if (auto l = leave_one_out(*rows, base, preset_resolver(&r.model))) loo = *l;
+      if (auto l = leave_one_out(*rows, base, resolve)) loo = *l;
       if (!o->holdout.empty()) {
         auto rule = parse_holdout(o->holdout);
         if (!rule) throw cli_error(rule.message(), 2);
-        auto v = validate(*rows, base, preset_resolver(&r.model), *rule);
+        auto v = validate(*rows, base, resolve, *rule);
         if (!v) throw cli_error("--calibrate " + o->calibrate + " --holdout " + o->holdout + ": " + v.message());
         val = std::make_unique<validation>(*v);
       }

@@ -67,6 +67,55 @@ TEST_CASE("cellshard plan: calibration list and config.json", "[planner][cli]") 
   CHECK(j["memory_fit"] == true);
 }
 
+TEST_CASE("cellshard plan: held-out validation, the rows' own model, the uncertainty band", "[planner][cli]") {
+  // Issue #25: a sweep of a non-preset model (lab.bin, the shape of
+  // stories260K given by --calibrate-model) calibrates a plan of another
+  // model; --holdout every:2 predicts rows 1 and 3 from a fit on rows 0 and 2.
+  const std::string dir = cellshard::test::temp_dir("plan-holdout");
+  const std::string csv = dir + "/lab.csv";
+  {
+    std::ofstream f(csv);
+    f << "# host: 20 GB/s, 2 cores\n"
+         "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
+         "bytes_per_token\n"
+         "lab.bin,pipeline,1,1,1,none,1,0.6,0.061,0.1,14000,0.2,0\n"
+         "lab.bin,pipeline,3,3,1,none,1,0.6,0.065,0.1,13000,0.2,512\n"
+         "lab.bin,tensor,2,1,2,none,1,0.6,0.084,0.1,11000,0.6,5376\n"
+         "lab.bin,tensor,4,1,4,none,1,0.6,0.139,0.1,7000,0.8,15000\n"
+         "lab.bin,tensor,4,1,4,none,8,0.6,0.5,0.1,7000,0.8,15000\n";
+  }
+  const std::string report = dir + "/report.md";
+  auto r = run_command({cellshard_bin(), "plan", "--model", "llama2-7b", "--hardware", "rpi5", "--nodes", "8",
+                        "--calibrate", csv, "--calibrate-model", "stories260k", "--holdout", "every:2",
+                        "--baseline", "none", "--json", "-", "--report", report});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
+  REQUIRE(j["validation"]["held_out"].size() == 2);
+  CHECK(j["validation"]["holdout"] == "every:2:1");
+  CHECK(j["validation"]["held_out"][0]["line"] == 4);
+  CHECK(j["validation"]["held_out"][1]["line"] == 6);
+  CHECK(j["validation"]["held_out"][0]["model"] == "stories260k");
+  CHECK(j["validation"]["fitted_points"] == 2);
+  CHECK(j["validation"]["skipped_rows"] == 1);
+  CHECK(j["uncertainty"]["refits"] == 4);
+  const auto lat = j["uncertainty"]["per_token_latency_s"];
+  CHECK(lat[0].get<double>() <= j["per_token_latency_s"].get<double>() * (1 + 1e-9));
+  CHECK(lat[1].get<double>() >= lat[0].get<double>());
+  const std::string md = cellshard::test::read_file(report);
+  CHECK(md.find("Largest held-out error: ") != std::string::npos);
+  CHECK(md.find("--calibrate-model stories260k --holdout every:2") != std::string::npos);
+  CHECK(md.find("| uncertainty |") != std::string::npos);
+
+  auto bad = run_command({cellshard_bin(), "plan", "--model", "llama2-7b", "--nodes", "8", "--calibrate", csv,
+                          "--holdout", "every:9"});
+  CHECK(bad.status != 0);
+  CHECK(bad.err.find("holds out no row") != std::string::npos);
+  auto no_cal = run_command({cellshard_bin(), "plan", "--model", "llama2-7b", "--nodes", "8", "--holdout", "every:2"});
+  CHECK(no_cal.status == 2);
+  CHECK(no_cal.err.find("--holdout needs --calibrate") != std::string::npos);
+}
+
 TEST_CASE("cellshard plan: usage errors exit 2 naming the flag", "[planner][cli]") {
   auto bad_model = run_command({cellshard_bin(), "plan", "--model", "gpt-9", "--nodes", "3"});
   CHECK(bad_model.status == 2);
