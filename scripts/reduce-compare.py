@@ -21,6 +21,7 @@ ap.add_argument('--rounds', type=int, default=3)
 ap.add_argument('-n', '--steps', default='48')
 ap.add_argument('--daemons', action='store_true', help='node daemons on loopback instead of in-process nodes')
 ap.add_argument('--link', default='', help='in-process link BW:LAT')
+ap.add_argument('-i', '--prompt', default='', help='a prompt: compares the prefill too (ttft)')
 ap.add_argument('--timeout', type=int, default=600, help='seconds per run')
 a = ap.parse_args()
 tmp = tempfile.mkdtemp(prefix='reduce-compare-')
@@ -29,7 +30,7 @@ tmp = tempfile.mkdtemp(prefix='reduce-compare-')
 def one_run(T, alg, cluster):
     jf = os.path.join(tmp, f'{T}_{alg}.json')
     cmd = [a.bin, 'run', '-m', a.model, '-z', a.tokenizer, '--topology', f'tensor:{T}', '--reduce', alg,
-           '-n', a.steps, '-t', '0', '--json', jf]
+           '-n', a.steps, '-t', '0', '--json', jf] + (['-i', a.prompt] if a.prompt else [])
     cmd += ['--cluster', cluster] if cluster else ['--nodes', str(T)] + (['--link', a.link] if a.link else [])
     cp = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=a.timeout)
     if cp.returncode != 0:
@@ -39,7 +40,8 @@ def one_run(T, alg, cluster):
     per_rank = {}
     for l in links:
         per_rank[l['from']] = per_rank.get(l['from'], 0) + l['bytes_per_token']
-    return j['tokens_per_s'], max((l['bytes_per_token'] for l in links), default=0), max(per_rank.values(), default=0)
+    return (j['tokens_per_s'], max((l['bytes_per_token'] for l in links), default=0), max(per_rank.values(), default=0),
+            j['ttft_ms'])
 
 
 for T in [int(t) for t in a.tp.split(',')]:
@@ -59,15 +61,18 @@ for T in [int(t) for t in a.tp.split(',')]:
         for r in range(a.rounds):
             for alg in ('direct', 'scatter'):
                 runs[alg].append(one_run(T, alg, cluster))
-                tps, link, rank = runs[alg][-1]
-                print(f'T={T} {alg:7s} round {r}: {tps:8.2f} tok/s, busiest link {link:.0f} B/token, '
-                      f'busiest rank {rank:.0f} B/token', flush=True)
+                tps, link, rank, ttft = runs[alg][-1]
+                print(f'T={T} {alg:7s} round {r}: {tps:8.2f} tok/s, ttft {ttft:.1f} ms, busiest link {link:.0f} '
+                      f'B/token, busiest rank {rank:.0f} B/token', flush=True)
         d, s = runs['direct'], runs['scatter']
         ratio = statistics.median(y[0] / x[0] for x, y in zip(d, s))
         print(f'T={T}: scatter/direct tokens/s {ratio:.3f} (median of per-round ratios); direct '
               f'{statistics.median(x[0] for x in d):.2f}, scatter {statistics.median(x[0] for x in s):.2f} tok/s; '
               f'busiest link {d[0][1]:.0f} -> {s[0][1]:.0f} B/token, busiest rank {d[0][2]:.0f} -> {s[0][2]:.0f}',
               flush=True)
+        if a.prompt:
+            print(f'T={T}: scatter/direct ttft {statistics.median(y[3] / x[3] for x, y in zip(d, s)):.3f} '
+                  f'(median of per-round ratios)', flush=True)
     finally:
         for p in procs:
             p.send_signal(signal.SIGKILL)
