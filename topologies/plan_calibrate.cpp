@@ -197,6 +197,7 @@ result<plan_request> request_for_row(const sweep_row& row, const plan_request& b
   r.model = *m;
   r.nodes = row.nodes;
   r.batch = row.batch;
+  r.assume.one_sequence_per_step = true;  // as the runtime that measured the row
   std::string topo = row.topology;
   // The stages / tp columns pin the split where the topology text does not.
   if (topo == "pipeline" && row.stages > 0) topo += ":" + std::to_string(row.stages);
@@ -217,7 +218,9 @@ namespace {
 
 /// The planner's prediction for one row under `assume`, beside the row's measurements.
 result<calibration_point> predict_row(const sweep_row& row, plan_request r, const plan_assumptions& assume) {
+  const bool one = r.assume.one_sequence_per_step;
   r.assume = assume;
+  r.assume.one_sequence_per_step = one;
   auto p = plan(r);
   if (!p) return make_error("line " + std::to_string(row.line) + ": " + p.message());
   calibration_point pt;
@@ -254,10 +257,6 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
   std::vector<prepared> ps;
   std::vector<const sweep_row*> used;
   for (const auto& row : rows) {
-    // The runtime runs concurrent sessions as separate steps, not as one
-    // batched step, so rows with batch > 1 measure something the planner's
-    // batched station does not model: they are left out of the fit.
-    if (row.batch > 1) continue;
     auto r = request_for_row(row, base, resolve);
     if (!r) return r.err();
     auto l = lay_out(*r);
@@ -265,13 +264,15 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
     prepared p;
     p.req = *r;
     p.layout = *l;
-    p.micro = std::max(1, (row.batch + static_cast<int>(l->groups.size()) - 1) / static_cast<int>(l->groups.size()));
+    // The runtime steps concurrent sessions one at a time (a station's step
+    // holds one sequence), overlapped across pipeline stages.
+    p.micro = 1;
     p.chain = chain_cost(p.req, p.layout, p.micro);
     p.y = row.tpot_ms_p50 / 1000.0;
     ps.push_back(std::move(p));
     used.push_back(&row);
   }
-  if (ps.empty()) return make_error("--calibrate: no rows with batch 1 to fit");
+  if (ps.empty()) return make_error("--calibrate: no rows to fit");
 
   std::array<double, n_params> theta = params_of(base.assume);
   std::vector<std::string> free_names;
@@ -404,12 +405,8 @@ result<validation> validate(const std::vector<sweep_row>& rows, const plan_reque
   std::vector<sweep_row> train, test;
   validation v;
   v.rule = rule;
-  int position = 0;  // among the batch-1 rows
+  int position = 0;
   for (const auto& row : rows) {
-    if (row.batch > 1) {
-      ++v.skipped;
-      continue;
-    }
     const bool hold = rule.kind == holdout_rule::nodes_at_least ? row.nodes >= rule.n : position % rule.n == rule.offset;
     ++position;
     (hold ? test : train).push_back(row);
@@ -435,12 +432,9 @@ result<validation> validate(const std::vector<sweep_row>& rows, const plan_reque
 
 result<std::vector<plan_assumptions>> leave_one_out(const std::vector<sweep_row>& rows, const plan_request& base,
                                                     const model_resolver& resolve) {
-  std::vector<size_t> batch1;
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].batch <= 1) batch1.push_back(i);
-  if (batch1.size() < 3) return make_error("--calibrate: leave-one-out needs at least 3 rows with batch 1");
+  if (rows.size() < 3) return make_error("--calibrate: leave-one-out needs at least 3 rows");
   std::vector<plan_assumptions> out;
-  for (size_t left : batch1) {
+  for (size_t left = 0; left < rows.size(); ++left) {
     std::vector<sweep_row> rest;
     for (size_t i = 0; i < rows.size(); ++i)
       if (i != left) rest.push_back(rows[i]);

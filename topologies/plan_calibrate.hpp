@@ -16,9 +16,11 @@
 // subset of free constants; there are four). Constants whose feature is zero
 // in every row keep the base value: on in-process rows (link "none") the
 // per-byte term is zero, as messages are moved rather than serialised, so
-// byte_overhead_s is fitted only from rows with shaped links. Rows with
-// batch > 1 are left out: the runtime steps concurrent sessions one by one,
-// which is not the planner's batched step.
+// byte_overhead_s is fitted only from rows with shaped links. Every row is
+// planned as the runtime that measured it steps: one sequence per station
+// step (plan_assumptions::one_sequence_per_step), so a row of batch B takes
+// max(chain, B x busiest station) per token; the fitted constants carry no
+// such flag, and a plan made with them keeps the planner's batched stations.
 //
 // Pure functions; thread-safe. Errors name the file, line and column.
 #pragma once
@@ -80,7 +82,7 @@ struct calibration {
   double max_abs_error = 0;
   double rms_error = 0;
   std::vector<std::string> free;  // the constants the data could fit
-  int skipped = 0;                // rows left out (batch > 1)
+  int skipped = 0;                // rows left out (none since batch rows are fitted; kept for the JSON)
 };
 
 /// The model of a row: a preset name, or a file name such as
@@ -100,7 +102,7 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
 
 /// Which rows a validation holds out of the fit (issue #25), chosen from the
 /// rows alone, so the split is the same on every run:
-///   every:K[:J]  the rows whose position among the batch-1 rows (in file
+///   every:K[:J]  the rows whose position among the rows (in file
 ///                order, from 0) is J modulo K (J defaults to K - 1);
 ///   nodes:N      the rows with N or more nodes (extrapolation in scale).
 struct holdout_rule {
@@ -121,7 +123,7 @@ struct validation {
   double max_abs_error = 0;              // held-out tpot, the largest |error|
   double max_abs_tokens_per_s_error = 0; // held-out tokens/s
   double max_abs_comm_share_error = 0;   // held-out comm share, absolute
-  int skipped = 0;                       // rows left out of both (batch > 1)
+  int skipped = 0;                       // rows left out of both (none today)
 };
 /// Fits on the rows `rule` does not hold out and predicts the others with
 /// the fitted constants. Errors: as calibrate, and a split that leaves no
@@ -130,10 +132,10 @@ result<validation> validate(const std::vector<sweep_row>& rows, const plan_reque
                             const model_resolver& resolve, const holdout_rule& rule);
 
 /// The spread of the fit (issue #25: an uncertainty band on every headline
-/// number): the constants refitted once without each batch-1 row in turn
+/// number): the constants refitted once without each row in turn
 /// (leave-one-out; one set per row, in row order). A plan made with each set
 /// bounds how much the answer depends on any single measurement. Errors: as
-/// calibrate; fewer than 3 batch-1 rows.
+/// calibrate; fewer than 3 rows.
 result<std::vector<plan_assumptions>> leave_one_out(const std::vector<sweep_row>& rows, const plan_request& base,
                                                     const model_resolver& resolve);
 

@@ -625,7 +625,7 @@ result<plan_result> plan(const plan_request& r) {
   // 2-4. Chain at batch 1 and at the micro-batch of the requested batch.
   const chain_costs c1 = chain_cost(r, l, 1);
   const int stations = static_cast<int>(l.groups.size());
-  p.micro_batch = std::max(1, ceil_div(r.batch, stations));
+  p.micro_batch = r.assume.one_sequence_per_step ? 1 : std::max(1, ceil_div(r.batch, stations));
   const chain_costs cb = chain_cost(r, l, p.micro_batch);
 
   p.read_bytes_per_token = c1.read_bytes_busiest;

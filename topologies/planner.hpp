@@ -108,6 +108,11 @@ struct plan_assumptions {
   /// The last stage returns vocab f32 logits to the session, as the runtime
   /// does (DESIGN.md data flow); false: it samples and returns a token id.
   bool logits_to_session = true;
+  /// A station steps one sequence at a time (the runtime today: concurrent
+  /// sessions are separate steps, overlapped across pipeline stages) instead
+  /// of micro-batches of ceil(B / stations) sequences. Calibration rows are
+  /// planned this way (plan_calibrate.hpp); plans default to batched stations.
+  bool one_sequence_per_step = false;
   /// Between two TP groups of the same width, rank i forwards x to rank i of
   /// the next group (every rank has x after the last all-reduce), instead of
   /// the runtime's rank 0 sending a copy to every rank (placement.hpp). A

@@ -36,35 +36,40 @@ const char* header =
 
 /// Rows: pipeline 1..5 and tensor 1..4 on stories260K, in process (link
 /// none: no serialisation) and over shaped links (where bytes are
-/// serialised); their "measured" TPOT, tokens/s and comm share are the
-/// planner's own prediction under `truth`. A batch-4 row is there to be
-/// left out. `points`: the batch-1 rows.
+/// serialised), at batch 1, and in process at batch 4 too (9 rows last);
+/// their "measured" TPOT, tokens/s and comm share are the planner's own
+/// prediction under `truth`, with one sequence per station step as the
+/// runtime does. `points`: the rows (36).
 std::string synthetic_sweep(const plan_request& base, const plan_assumptions& truth, int& points) {
   std::string csv = header;
   auto model = find_model_preset("stories260k");
   REQUIRE(model);
   points = 0;
-  for (const char* link : {"none", "1gbit:100us", "100mbit:1ms"}) {
-    for (const char* topo : {"pipeline", "tensor"}) {
-      const int most = std::string(topo) == "pipeline" ? 5 : 4;
-      for (int n = 1; n <= most; ++n) {
-        plan_request r = base;
-        r.model = *model;
-        r.nodes = n;
-        r.topology = *parse_plan_topology(topo);
-        r.assume = truth;
-        if (std::string(link) != "none") r.hw.node.link = *parse_link(link);
-        auto p = plan(r);
-        REQUIRE(p);
-        char line[256];
-        std::snprintf(line, sizeof line, "stories260K,%s,%d,0,0,%s,1,0,%.17g,0,%.17g,%.17g,0\n", topo, n, link,
-                      p->per_token_latency_s * 1000, p->tokens_per_s, 1.0 - p->chain_compute_s / p->chain_s);
-        csv += line;
-        ++points;
+  for (int batch : {1, 4}) {
+    for (const char* link : {"none", "1gbit:100us", "100mbit:1ms"}) {
+      if (batch > 1 && std::string(link) != "none") continue;
+      for (const char* topo : {"pipeline", "tensor"}) {
+        const int most = std::string(topo) == "pipeline" ? 5 : 4;
+        for (int n = 1; n <= most; ++n) {
+          plan_request r = base;
+          r.model = *model;
+          r.nodes = n;
+          r.batch = batch;
+          r.topology = *parse_plan_topology(topo);
+          r.assume = truth;
+          r.assume.one_sequence_per_step = true;
+          if (std::string(link) != "none") r.hw.node.link = *parse_link(link);
+          auto p = plan(r);
+          REQUIRE(p);
+          char line[256];
+          std::snprintf(line, sizeof line, "stories260K,%s,%d,0,0,%s,%d,0,%.17g,0,%.17g,%.17g,0\n", topo, n, link,
+                        batch, p->per_token_latency_s * 1000, p->tokens_per_s, 1.0 - p->chain_compute_s / p->chain_s);
+          csv += line;
+          ++points;
+        }
       }
     }
   }
-  csv += "stories260K,pipeline,2,0,0,none,4,0,1.0,0,0,0,0\n";
   return csv;
 }
 
@@ -121,12 +126,11 @@ TEST_CASE("held-out validation: a deterministic split, predictions of rows the f
   CHECK(to_string(*every) == "every:4:3");
   auto v = validate(*rows, base, preset_resolver(nullptr), *every);
   REQUIRE(v);
-  // 27 batch-1 rows: positions 3, 7, ..., 23 are held out (6), 21 fitted;
-  // the batch-4 row is in neither.
-  REQUIRE(points == 27);
-  CHECK(v->held_out.size() == 6u);
-  CHECK(v->fit.points.size() == 21u);
-  CHECK(v->skipped == 1);
+  // 36 rows: positions 3, 7, ..., 35 are held out (9), 27 fitted.
+  REQUIRE(points == 36);
+  CHECK(v->held_out.size() == 9u);
+  CHECK(v->fit.points.size() == 27u);
+  CHECK(v->skipped == 0);
   CHECK(v->held_out[0].line == 2 + 3);  // header is line 1
   CHECK(v->held_out[1].line == 2 + 7);
   // Data made by the planner itself: the held-out rows are predicted exactly,
@@ -143,7 +147,7 @@ TEST_CASE("held-out validation: a deterministic split, predictions of rows the f
   // Extrapolation in scale: fit on 1-3 nodes, predict 4 and 5.
   auto big = validate(*rows, base, preset_resolver(nullptr), *parse_holdout("nodes:4"));
   REQUIRE(big);
-  CHECK(big->held_out.size() == 9u);  // pipeline 4, 5 and tensor 4, on three links
+  CHECK(big->held_out.size() == 12u);  // pipeline 4, 5 and tensor 4, on three links and at batch 4
   for (const auto& pt : big->held_out) CHECK(pt.nodes >= 4);
   CHECK(big->max_abs_error < 1e-6);
 
@@ -181,8 +185,20 @@ TEST_CASE("calibration recovers the constants a synthetic sweep was made with", 
   CHECK(c->fitted.byte_overhead_s == Approx(truth.byte_overhead_s).epsilon(1e-5));
   CHECK(c->max_abs_error < 1e-6);
   REQUIRE(static_cast<int>(c->points.size()) == expected_points);
-  CHECK(c->skipped == 1);
+  CHECK(c->skipped == 0);
   CHECK(c->points[0].topology == "pipeline:1");
+  // One node, one station, one sequence per step: 4 sessions take 4 of its
+  // steps per token round, so the batch-4 row's time per token is 4 x the
+  // station's step: a little under 4 x batch 1's, whose chain also holds the
+  // session's hops.
+  double one = 0, four = 0;
+  for (const auto& pt : c->points) {
+    if (pt.topology != "tensor:1" || pt.link != "none") continue;
+    (pt.batch == 1 ? one : four) = pt.predicted_tpot_ms;
+  }
+  REQUIRE(one > 0);
+  CHECK(four > 3.5 * one);
+  CHECK(four <= 4 * one * (1 + 1e-12));
   CHECK(c->free.size() == 4);
 }
 
@@ -224,7 +240,7 @@ TEST_CASE("leave-one-out refits: one set of constants per batch-1 row, the sprea
   REQUIRE(rows);
   auto loo = leave_one_out(*rows, base, preset_resolver(nullptr));
   REQUIRE(loo);
-  REQUIRE(static_cast<int>(loo->size()) == points);  // the batch-4 row is not left out: it is never fitted
+  REQUIRE(static_cast<int>(loo->size()) == points);
   // Consistent data: every refit gives the truth back.
   for (const auto& a : *loo) {
     CHECK(a.compute_efficiency == Approx(truth.compute_efficiency).epsilon(1e-6));

@@ -70,7 +70,8 @@ TEST_CASE("cellshard plan: calibration list and config.json", "[planner][cli]") 
 TEST_CASE("cellshard plan: held-out validation, the rows' own model, the uncertainty band", "[planner][cli]") {
   // Issue #25: a sweep of a non-preset model (lab.bin, the shape of
   // stories260K given by --calibrate-model) calibrates a plan of another
-  // model; --holdout every:2 predicts rows 1 and 3 from a fit on rows 0 and 2.
+  // model; --holdout every:2 predicts rows 1 and 3 from a fit on rows 0, 2
+  // and 4 (batch 8: one sequence per station step, as the runtime steps).
   const std::string dir = cellshard::test::temp_dir("plan-holdout");
   const std::string csv = dir + "/lab.csv";
   {
@@ -96,9 +97,9 @@ TEST_CASE("cellshard plan: held-out validation, the rows' own model, the uncerta
   CHECK(j["validation"]["held_out"][0]["line"] == 4);
   CHECK(j["validation"]["held_out"][1]["line"] == 6);
   CHECK(j["validation"]["held_out"][0]["model"] == "stories260k");
-  CHECK(j["validation"]["fitted_points"] == 2);
-  CHECK(j["validation"]["skipped_rows"] == 1);
-  CHECK(j["uncertainty"]["refits"] == 4);
+  CHECK(j["validation"]["fitted_points"] == 3);  // rows 0, 2 and the batch-8 row 4
+  CHECK(j["validation"]["skipped_rows"] == 0);
+  CHECK(j["uncertainty"]["refits"] == 5);
   const auto lat = j["uncertainty"]["per_token_latency_s"];
   CHECK(lat[0].get<double>() <= j["per_token_latency_s"].get<double>() * (1 + 1e-9));
   CHECK(lat[1].get<double>() >= lat[0].get<double>());
