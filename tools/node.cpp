@@ -8,6 +8,7 @@
 #include "topologies/profile.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "tools/stop_signals.hpp"
 
 #include <csignal>
 #include <cstdio>
@@ -65,13 +66,9 @@ int do_node(const node_opts& o) {
   if (!o.quiet)
     d.log = [prefix](const std::string& line) { std::fprintf(stderr, "%s: %s\n", prefix->c_str(), line.c_str()); };
 
-  // SIGINT/SIGTERM are taken by sigwait below: block them before CAF starts
-  // its threads, which inherit the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // SIGINT/SIGTERM stop the daemon cleanly, whichever thread takes them
+  // (tools/stop_signals.hpp).
+  stop_signals stop;
 
   auto daemon = actors::node_daemon::start(d);
   if (!daemon) throw cli_error(daemon.message());
@@ -83,8 +80,7 @@ int do_node(const node_opts& o) {
     std::fprintf(stderr, "cellshard node %s: profile %s, models in %s%s%s\n", addr.c_str(), d.profile.c_str(),
                  d.models_dir.c_str(), d.net.tls.requested() ? ", mutual TLS" : "",
                  d.link.empty() ? "" : (", links shaped to " + d.link).c_str());
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
+  const int sig = stop.wait();
   if (!o.quiet) std::fprintf(stderr, "cellshard node %s: signal %d, stopping\n", addr.c_str(), sig);
   (*daemon)->stop();
   return 0;

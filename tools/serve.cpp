@@ -9,6 +9,7 @@
 #include "tools/cluster_flags.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "tools/stop_signals.hpp"
 #include "actors/local_daemons.hpp"
 #include "tools/serve.hpp"
 
@@ -71,15 +72,9 @@ int do_serve(serve_opts o) {
     auto w = daemons->write_cluster_file(o.cf.cluster);
     if (!w) throw cli_error(w.message());
   }
-  // SIGINT/SIGTERM stop the server: blocked here, before the actor system
-  // and the HTTP workers start their threads (they inherit the mask, and the
-  // daemons above were forked before), and taken by the watcher below.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // SIGINT/SIGTERM stop the server, whichever thread takes them
+  // (tools/stop_signals.hpp); the watcher below waits for them.
+  stop_signals stop;
   std::signal(SIGPIPE, SIG_IGN);  // a client gone during a TLS write
   actors::cluster_options co = make_cluster_options(o.cf, lm, o.max_sessions);
   co.fault_injection = o.allow_fault_injection && !daemons;
@@ -111,13 +106,11 @@ int do_serve(serve_opts o) {
                  so.tls_cert.empty() ? "http" : "https", addr->c_str(), so.max_sessions,
                  so.allow_fault_injection ? ", fault injection on" : "");
     std::thread watcher([&] {
-      int sig = 0;
-      sigwait(&set, &sig);
-      stopped_by = sig;
+      stopped_by = stop.wait();  // 0: cancelled, the server ended by itself
       srv.stop();
     });
     srv.run();
-    if (stopped_by == 0) pthread_kill(watcher.native_handle(), SIGUSR1);
+    stop.cancel();  // ends the watcher's wait when no signal came
     watcher.join();
     // Sessions still running end before the server's counters go away.
     cluster.shutdown();

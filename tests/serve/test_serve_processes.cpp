@@ -6,6 +6,7 @@
 #include "base/parse.hpp"
 
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
@@ -465,4 +466,40 @@ TEST_CASE("serve bad request: with no capacity left (the only daemon killed, no 
   REQUIRE(h);
   CHECK(h->status == 503);
   CHECK(json::parse(h->body)["status"] == "failed");
+}
+
+// SIGTERM stops serve and node cleanly (exit 0) also when OpenBLAS runs a
+// worker pool: its threads start before main() with no signal mask, and serve
+// (which waited for the signal on a watcher thread) was ended by the default
+// action instead, status 143 (tools/stop_signals.hpp). ctest sets
+// OPENBLAS_NUM_THREADS=1; the children here get 2. node took the signal on its
+// main thread and was not affected; its case guards the new handler.
+TEST_CASE("serve and node stop cleanly on SIGTERM with an OpenBLAS thread pool", "[serve][processes]") {
+  if (!test::have_shared()) return;
+  const auto m = copy_models("serve-sigterm");
+  const std::string dir = test::temp_dir("serve-sigterm");
+  // Inherited by the children started below; restored when the case ends.
+  struct env_guard {
+    const char* old = std::getenv("OPENBLAS_NUM_THREADS");
+    std::string saved = old ? old : "";
+    env_guard() { ::setenv("OPENBLAS_NUM_THREADS", "2", 1); }
+    ~env_guard() {
+      if (old) ::setenv("OPENBLAS_NUM_THREADS", saved.c_str(), 1);
+      else ::unsetenv("OPENBLAS_NUM_THREADS");
+    }
+  } env;
+  {
+    test::child srv(serve_args(m, {}), dir + "/serve.err");
+    test::child node({test::cellshard_bin(), "node", "--listen", "127.0.0.1:0", "--models", m.dir}, dir + "/node.err");
+    httplib::Client cli("127.0.0.1", srv.port());
+    auto ok = cli.Post("/v1/completions", R"({"prompt":"Hi","max_tokens":3,"temperature":0})", "application/json");
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+    INFO(srv.log());
+    CHECK(srv.terminate() == 0);
+    CHECK_THAT(srv.log(), Catch::Contains("stopped (SIGTERM)"));
+    INFO(node.log());
+    CHECK(node.terminate() == 0);
+    CHECK_THAT(node.log(), Catch::Contains("signal 15, stopping"));
+  }
 }
