@@ -262,6 +262,45 @@ TEST_CASE("gguf: a daemon killed mid-generation: its stage restarts on the spare
   kill_mid_generation(gguf_model(), "recovery-kill-gguf");
 }
 
+// Issue #20, item 4: a front end frozen and thawed used to report a healthy
+// node "gone". Frozen for 1.5 s (four times the ~0.36 s after which phi
+// accrual suspects a peer), it sees every daemon's heartbeats late on thaw;
+// the suspicions must be cleared by probes, not turned into restarts.
+TEST_CASE("a front end frozen mid-generation and thawed restarts no node", "[net][recovery]") {
+  if (!test::have_shared()) return;
+  const fixture f = load_fixture("topp_t1.0_p0.9_s133742_n256");
+  daemons d("recovery-frozen-front", 3);
+  const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(0));
+  const std::string json = d.dir + "/run.json";
+  test::front_end_process fe(run_args(f, cluster, json, paced));
+  REQUIRE(fe.started());
+  const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+  INFO(describe(fe, d));
+  REQUIRE(reached);
+  fe.kill(SIGSTOP);
+  {
+    // The fault's length, not a synchronisation: nothing to wait for while
+    // the front end is stopped.
+    pollfd none{-1, 0, 0};
+    ::poll(&none, 0, 1500);
+  }
+  fe.kill(SIGCONT);
+  const int status = fe.wait(run_deadline_s);
+  INFO(describe(fe, d));
+  CHECK(status == 0);
+  CHECK(fe.out() == f.text);
+  CHECK_THAT(fe.err(), !Catch::Contains("gone"));
+  const auto j = read_json(json);
+  INFO("json: " << j.dump(1));
+  REQUIRE(j.is_object());
+  int restarts = 0;
+  for (const auto& r : j["faults"])
+    if (r.value("kind", "") != "slow") ++restarts;  // the pacing's injected slow is a record, not a restart
+  CHECK(restarts == 0);
+  WARN("front end frozen 1.5 s after " << K << " tokens: " << j["suspicions"].size()
+                                       << " suspicion(s) cleared, 0 restarts");
+}
+
 TEST_CASE("a daemon frozen mid-generation, thawed after the run went on: nothing of it reaches the output",
           "[net][recovery]") {
   if (!test::have_shared()) return;
