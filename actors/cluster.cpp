@@ -219,6 +219,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   // Placement, with the memory-fit check, before anything is loaded.
   auto strat = topologies::parse_strategy(opts.topology);
   if (!strat) return strat.err();
+  strat->expert_replicas = opts.expert_replicas;
   topologies::placement_options po;
   po.sessions = std::max(1, opts.sessions);
   auto wf = topologies::find_weight_format(weights);
@@ -305,6 +306,7 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   }
   for (const auto& sh : im.plan.shards) spec.stage_of.push_back(sh.stage);
   for (const auto& stg : im.plan.stages) spec.stages.push_back(stg.shards);
+  for (const auto& sh : im.plan.shards) spec.expert_node.push_back(sh.expert_node ? 1 : 0);
   spec.coordinator = im.rt->coordinator;
   spec.step_timeout = im.opts.step_timeout;
   spec.step_timeout_min = im.opts.step_timeout_min;
@@ -433,8 +435,9 @@ result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chron
   const auto& stages = impl_->plan.stages;
   for (size_t s = 0; s < stages.size(); ++s) {
     for (int a : stages[s].shards)
-      for (int b : stages[s].shards)
-        if (a != b) pairs.emplace_back(a, b);
+      for (int b : stages[s].shards)  // expert nodes talk to their stage shard only
+        if (a != b && !(impl_->plan.shards[a].expert_node && impl_->plan.shards[b].expert_node))
+          pairs.emplace_back(a, b);
     if (s + 1 < stages.size())
       for (int b : stages[s + 1].shards) pairs.emplace_back(stages[s].shards.front(), b);
   }

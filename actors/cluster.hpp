@@ -48,8 +48,9 @@ struct cluster_options {
 
   int nodes = 1;                      // in-process nodes offered to the placement
   int spares = 0;                     // extra nodes held as spares
-  std::string topology = "pipeline";  // pipeline | tensor | hybrid:PxT (topologies::parse_strategy)
+  std::string topology = "pipeline";  // pipeline | tensor | hybrid:PxT | expert:E | pipeline:P,expert:E (topologies::parse_strategy)
   std::string reduce = "direct";      // tensor groups' all-reduce: direct | scatter (topologies::parse_reduce_algorithm)
+  int expert_replicas = 1;            // expert topologies: R expert nodes hold each expert (--expert-replicas)
   std::string profile = "host";       // host | ps3 | ps3-slim | rpi5
   uint64_t memory = 0;                // per-node budget override in bytes (0: the profile's)
   std::string link;                   // per-node link override "BANDWIDTH:LATENCY" ("": the profile's)

@@ -163,6 +163,8 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   spec.classifier = s.classifier;
   spec.vocab_begin = s.vocab_begin;
   spec.vocab_end = s.vocab_end;
+  spec.routed = s.routed;
+  spec.experts.assign(s.experts.begin(), s.experts.end());
   kernels::matmul_mode mm = kernels::matmul_mode::count;
   if (!s.matmul.empty()) {
     auto m = model::parse_matmul_mode(s.matmul);

@@ -90,6 +90,11 @@ program_op to_wire(const topologies::shard_step& s) {
   w.peers.assign(s.peers.begin(), s.peers.end());
   w.vocab_begin = s.vocab.begin;
   w.vocab_end = s.vocab.end;
+  for (const auto& h : s.holders) {
+    w.holders_len.push_back(static_cast<int32_t>(h.size()));
+    w.holders.insert(w.holders.end(), h.begin(), h.end());
+  }
+  w.experts.assign(s.experts.begin(), s.experts.end());
   return w;
 }
 
@@ -110,6 +115,16 @@ result<topologies::shard_step> from_wire(const program_op& w) {
   s.algorithm = static_cast<reduce_algorithm>(w.algorithm);
   s.peers.assign(w.peers.begin(), w.peers.end());
   s.vocab = range{w.vocab_begin, w.vocab_end};
+  size_t at = 0;
+  for (int32_t n : w.holders_len) {
+    if (n < 0 || at + static_cast<size_t>(n) > w.holders.size())
+      return make_error("program op " + to_string(s.op) + ": holder lists longer than the holders sent");
+    s.holders.emplace_back(w.holders.begin() + static_cast<std::ptrdiff_t>(at),
+                           w.holders.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += static_cast<size_t>(n);
+  }
+  if (at != w.holders.size()) return make_error("program op " + to_string(s.op) + ": holders left over");
+  s.experts.assign(w.experts.begin(), w.experts.end());
   return s;
 }
 
@@ -131,6 +146,8 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<cluster_failed>("cs_cluster_failed");
   cfg.add_message_type<probe_msg>("cs_probe_msg");
   cfg.add_message_type<probe_result>("cs_probe_result");
+  cfg.add_message_type<expert_req>("cs_expert_req");
+  cfg.add_message_type<expert_out>("cs_expert_out");
   // node daemons (issue #5)
   cfg.add_message_type<cluster_fingerprint>("cs_fingerprint");
   cfg.add_message_type<node_join>("cs_node_join");

@@ -189,11 +189,16 @@ struct program_op {
   int32_t algorithm = 0;  // topologies::reduce_algorithm
   std::vector<int32_t> peers;
   int32_t vocab_begin = 0, vocab_end = 0;
+  // Expert placement (issue #23): dispatch/combine's holders, flattened
+  // (holders_len[e] entries per expert e, in order); an expert op's experts.
+  std::vector<int32_t> holders;
+  std::vector<int32_t> holders_len;
+  std::vector<int32_t> experts;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, program_op& x) {
   return f(caf::meta::type_name("program_op"), x.op, x.layer_begin, x.layer_end, x.part, x.partial, x.algorithm,
-           x.peers, x.vocab_begin, x.vocab_end);
+           x.peers, x.vocab_begin, x.vocab_end, x.holders, x.holders_len, x.experts);
 }
 program_op to_wire(const topologies::shard_step& s);
 /// Errors: an op, part or algorithm value this build does not know (a newer
@@ -219,6 +224,47 @@ typename Inspector::result_type inspect(Inspector& f, wiring& x) {
            x.next_index, x.program);
 }
 
+/// Expert placement (issue #23), stage shard -> expert node: run layer
+/// `layer`'s routed experts on rows of the step. `xb` [rows x dim] holds the
+/// normalised FFN inputs of the distinct positions asked for; pair p asks for
+/// expert pair_expert[p] on row pair_row[p] (an index into xb's rows). `seq`
+/// names the request at the stage shard (its re-sends keep it); `reply_to` /
+/// `reply_node` are the stage shard and its node; `session` gets error reports.
+struct expert_req {
+  step_id id;
+  int32_t layer = 0;
+  uint32_t seq = 0;
+  std::vector<int32_t> pair_row;
+  std::vector<int32_t> pair_expert;
+  blob xb;
+  caf::actor reply_to;
+  int32_t reply_node = 0;
+  caf::actor session;
+  bool held = false;  // already held back once by a `slow` fault at the expert node
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_req& x) {
+  return f(caf::meta::type_name("expert_req"), x.id, x.layer, x.seq, x.pair_row, x.pair_expert, x.xb, x.reply_to,
+           x.reply_node, x.session, x.held);
+}
+
+/// Expert node -> stage shard: the outputs [pairs x dim] of request `seq`,
+/// pair order; `index` is the expert node's placement index. status 0: ok;
+/// 1: the request's payload failed its checksum (the stage shard re-sends it).
+struct expert_out {
+  step_id id;
+  int32_t layer = 0;
+  uint32_t seq = 0;
+  int32_t index = 0;
+  int32_t status = 0;
+  blob y;
+  int64_t compute_ns = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_out& x) {
+  return f(caf::meta::type_name("expert_out"), x.id, x.layer, x.seq, x.index, x.status, x.y, x.compute_ns);
+}
+
 /// The node index that stands for the session's side (the front end) in
 /// link statistics.
 constexpr int32_t front_end_node = -1;
@@ -235,11 +281,20 @@ struct shard_stats {
   uint64_t bytes_received = 0;
   std::vector<int32_t> link_to;      // destination node of each link used (-1: front end)
   std::vector<uint64_t> link_bytes;  // payload bytes sent on it
+  // Expert placement (issue #23). Stage shard: tokens routed to each expert
+  // (index = expert, summed over its layers) and the time steps waited
+  // between a dispatch and its combine; requests re-dispatched to a replica
+  // or re-sent. Expert node: (row, expert) pairs it computed.
+  std::vector<uint64_t> expert_load;
+  int64_t moe_wait_ns = 0;
+  uint64_t expert_redispatched = 0;
+  uint64_t expert_pairs = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_stats& x) {
   return f(caf::meta::type_name("shard_stats"), x.node, x.index, x.weight_bytes, x.kv_bytes,
-           x.sessions, x.compute_ns, x.bytes_sent, x.bytes_received, x.link_to, x.link_bytes);
+           x.sessions, x.compute_ns, x.bytes_sent, x.bytes_received, x.link_to, x.link_bytes, x.expert_load,
+           x.moe_wait_ns, x.expert_redispatched, x.expert_pairs);
 }
 
 // -- recovery (issue #6) -----------------------------------------------------------
@@ -360,9 +415,12 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 4;  // 2: fault plans in shard_spawn, daemon heartbeats;
+constexpr uint32_t node_protocol_version = 5;  // 2: fault plans in shard_spawn, daemon heartbeats;
                                                // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options;
-                                               // 4: shard programs in wiring (issue #15)
+                                               // 4: shard programs in wiring (issue #15);
+                                               // 5: expert placement (issue #23): expert_req/expert_out,
+                                               //    holders/experts in program_op, experts in shard_spawn,
+                                               //    expert metrics in shard_stats
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {
@@ -467,6 +525,8 @@ struct shard_spawn {
   /// incarnation is left out, so a restart does not fire it again.
   std::vector<std::string> faults;
   bool restarted = false;        // shard_init::restarted
+  bool routed = true;            // model::slice_spec::routed (expert placement)
+  std::vector<int32_t> experts;  // model::slice_spec::experts (an expert node's)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
@@ -474,7 +534,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
            x.ffn_end, x.embedding, x.classifier, x.vocab_begin, x.vocab_end, x.weights, x.matmul, x.ctx, x.kernels,
            x.kv_bytes, x.buffer_bytes, x.checkpoint_every, x.batch_size, x.heartbeat, x.coordinator, x.faults,
-           x.restarted);
+           x.restarted, x.routed, x.experts);
 }
 
 /// front end -> daemon: send heartbeats for node `peer` to `monitor` (the

@@ -557,6 +557,8 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           req.spec.classifier = placed.has_classifier;
           req.spec.vocab_begin = placed.vocab.begin;
           req.spec.vocab_end = placed.vocab.end;
+          req.spec.routed = placed.routed;
+          req.spec.experts = placed.experts;
           req.weights = rt->weights;
           req.matmul = rt->matmul;
           req.ctx = rt->ctx;

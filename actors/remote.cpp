@@ -369,6 +369,8 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.classifier = req.spec.classifier;
   s.vocab_begin = req.spec.vocab_begin;
   s.vocab_end = req.spec.vocab_end;
+  s.routed = req.spec.routed;
+  s.experts.assign(req.spec.experts.begin(), req.spec.experts.end());
   s.weights = model::to_string(req.weights);
   s.matmul = req.matmul == kernels::matmul_mode::count ? "" : kernels::to_string(req.matmul);
   s.ctx = req.ctx;

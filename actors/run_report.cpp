@@ -35,7 +35,9 @@ std::vector<node_figures> aggregate_nodes(const topologies::placement& plan, con
     }
     node_figures& n = it->second;
     const std::string role =
-        "stage " + std::to_string(sh.stage) + (sh.group_size > 1 ? " rank " + std::to_string(sh.rank) : "");
+        "stage " + std::to_string(sh.stage) +
+        (sh.expert_node ? " expert node " + std::to_string(sh.rank - 1)
+                        : (sh.group_size > 1 ? " rank " + std::to_string(sh.rank) : ""));
     n.role = n.role.empty() ? role : n.role + ", " + role;
     n.compute_ms += static_cast<double>(s.compute_ns) / 1e6;
     n.bytes_sent += s.bytes_sent;
@@ -101,6 +103,24 @@ result<run_report> make_run_report(cluster& c, const session_outcome& out,
   auto st = c.stats();
   if (!st) return st.err();
   r.nodes = aggregate_nodes(c.placement(), *st, c.node_memory());
+  const auto& plan = c.placement();
+  if (plan.strat.kind == topologies::strategy_kind::expert) {
+    r.expert_load.assign(plan.stages.size(), std::vector<uint64_t>(static_cast<size_t>(plan.config.n_experts), 0));
+    int64_t wait_ns = 0;
+    for (const auto& s : *st) {
+      if (s.index < 0 || static_cast<size_t>(s.index) >= plan.shards.size()) continue;
+      const auto& sh = plan.shards[static_cast<size_t>(s.index)];
+      if (sh.expert_node) {
+        r.expert_pairs[s.index] += s.expert_pairs;
+        continue;
+      }
+      auto& load = r.expert_load[static_cast<size_t>(sh.stage)];
+      for (size_t e = 0; e < s.expert_load.size() && e < load.size(); ++e) load[e] += s.expert_load[e];
+      wait_ns += s.moe_wait_ns;
+      r.expert_redispatched += s.expert_redispatched;
+    }
+    if (out.result.duration_ms > 0) r.moe_wait_share = wait_ns / 1e6 / out.result.duration_ms;
+  }
   r.links = link_reports(*st, measured, r.tokens());
   return r;
 }
@@ -171,6 +191,14 @@ nlohmann::json to_json(const run_report& r) {
   }
   j["nodes"] = nodes;
   j["links"] = links;
+  if (!r.expert_load.empty()) {
+    nlohmann::json pairs = nlohmann::json::object();
+    for (const auto& p : r.expert_pairs) pairs[std::to_string(p.first)] = p.second;
+    j["experts"] = {{"load", r.expert_load},
+                    {"pairs_by_node", pairs},
+                    {"dispatch_combine_share", r.moe_wait_share},
+                    {"redispatched", r.expert_redispatched}};
+  }
   j["faults"] = faults;
   j["suspicions"] = suspicions;
   j["ids"] = r.result.ids;

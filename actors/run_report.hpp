@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,6 +87,16 @@ struct run_report {
   std::vector<fault_record> faults;
   std::vector<suspicion_info> suspicions;
   std::optional<bool> diverged;           // set when the ids were compared (--expect-ids)
+  /// Expert placement (issue #23; empty / 0 otherwise): per stage, the
+  /// tokens routed to each expert (summed over the stage's layers, replays
+  /// not counted); per expert node (placement index) the (position, expert)
+  /// pairs it computed; the share of the run's duration the stage shards
+  /// waited between dispatch and combine (summed over stages); requests
+  /// re-dispatched to a replica.
+  std::vector<std::vector<uint64_t>> expert_load;
+  std::map<int, uint64_t> expert_pairs;
+  double moe_wait_share = 0;
+  uint64_t expert_redispatched = 0;
 
   int tokens() const { return static_cast<int>(result.ids.size()) - 1; }  // BOS excluded
   double tpot_p50() const;

@@ -314,6 +314,12 @@ void replay(session_actor* self, int c) {
   from_tokens();
 }
 
+/// True for an expert node of an expert placement (issue #23).
+bool is_expert_node(const session_state& st, int index) {
+  return index >= 0 && static_cast<size_t>(index) < st.spec.expert_node.size() &&
+         st.spec.expert_node[static_cast<size_t>(index)] != 0;
+}
+
 /// Starts (or restarts) a recovery of every shard in st.restarted: new epoch,
 /// restore each from its newest valid checkpoint, then replay and re-send.
 void recover(session_actor* self) {
@@ -534,7 +540,8 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         // stage's replay log is no longer needed below c.
         const int s = st.spec.stage_of[d.index];
         int c = d.end;
-        for (int i : st.spec.stages[s]) c = std::min(c, st.ckpt_end[i]);
+        for (int i : st.spec.stages[s])
+          if (!is_expert_node(st, i)) c = std::min(c, st.ckpt_end[i]);
         if (s > 0 && c > st.trimmed[s]) {
           st.trimmed[s] = c;
           self->send(st.spec.shards[st.spec.stages[s - 1].front()], trim_atom::value, st.spec.id,
@@ -549,7 +556,27 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         st.restarted.insert(r.index);
         if (r.remaining > 0) return;  // the rest of the batch first: one recovery for all
         if (st.pos >= st.spec.params.steps) return;  // nothing in flight
-        recover(self);
+        // Expert nodes hold no session state: nothing to restore or replay
+        // (their stage shard re-sends what it had in flight there, or a
+        // replica took it). Recorded as recovered with the next token.
+        std::vector<int> experts;
+        for (auto it = st.restarted.begin(); it != st.restarted.end();)
+          if (is_expert_node(st, *it)) {
+            experts.push_back(*it);
+            it = st.restarted.erase(it);
+          } else {
+            ++it;
+          }
+        if (!st.restarted.empty()) {
+          recover(self);
+        } else if (st.current.indices.empty()) {
+          st.current = recovery_record{};
+          st.current.position = st.pos;
+          st.recovery_start = clock_type::now();
+        }
+        for (int i : experts)
+          if (std::find(st.current.indices.begin(), st.current.indices.end(), i) == st.current.indices.end())
+            st.current.indices.push_back(i);
       },
       [=](cluster_failed& f) { finish(self, false, f.message); },
       [=](shard_error& e) {

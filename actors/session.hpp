@@ -57,7 +57,11 @@ struct session_spec {
   caf::actor entry;                 // embedding holder (stage 0, rank 0)
   std::vector<caf::actor> shards;   // every shard by placement index
   std::vector<int> stage_of;        // stage of each placement index
-  std::vector<std::vector<int>> stages;  // placement indices of each stage, rank order
+  std::vector<std::vector<int>> stages;  // placement indices of each stage, rank order (then its expert nodes)
+  /// Per placement index: an expert node (issue #23), which holds no
+  /// per-session state: its restart needs no restore and no replay (the
+  /// stage shard re-sends the requests it had in flight there).
+  std::vector<char> expert_node;
   caf::actor coordinator;           // restart notifications (may be invalid)
   /// Ceiling of every step's deadline (`--step-timeout-max`), and of the
   /// total wait for one step while probes say it is still being worked on.

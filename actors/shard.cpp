@@ -1,6 +1,7 @@
 #include "actors/shard.hpp"
 
 #include "actors/worker.hpp"
+#include "model/moe.hpp"
 #include "supervision/fault_hooks.hpp"
 
 #include <caf/all.hpp>
@@ -43,10 +44,37 @@ struct classified {
   caf::actor reply_to;
 };
 
+/// Worker -> stage shard of an expert placement: the dispatch op at `pc`
+/// prepared (issue #23): per position the FFN input xb, the chosen experts
+/// and their weights (model::moe_route), and the shared expert's output and
+/// gate when the model has one. `x` is lent and given back unchanged.
+struct routed {
+  uint64_t session = 0;
+  uint32_t epoch = 0;
+  int32_t pos0 = 0;
+  size_t pc = 0;
+  std::vector<float> x;
+  std::vector<float> xb;        // [count x dim]
+  std::vector<int32_t> ids;     // [count x k]
+  std::vector<float> wts;       // [count x k]
+  std::vector<float> shared_y;  // [count x dim], empty: no shared expert
+  std::vector<float> shared_g;  // [count]
+  int64_t ns = 0;
+};
+
+/// Worker -> expert node: the outputs of one expert_req, pair order.
+struct expert_done {
+  expert_req req;  // its xb moved out
+  blob y;
+  int64_t ns = 0;
+};
+
 }  // namespace cellshard::actors::shard_detail
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::shard_detail::computed)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::shard_detail::classified)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::shard_detail::routed)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::shard_detail::expert_done)
 
 namespace cellshard::actors {
 
@@ -54,7 +82,18 @@ namespace {
 
 using shard_detail::classified;
 using shard_detail::computed;
+using shard_detail::expert_done;
+using shard_detail::routed;
 using clock_type = std::chrono::steady_clock;
+/// A stage shard's expert request was not answered in time:
+/// (moe_tmo, session, epoch, pos0, layer, seq). Self-sent only.
+using moe_tmo_atom = caf::atom_constant<caf::atom("cs_moetmo")>;
+/// How long an expert request may go unanswered before the stage shard
+/// re-dispatches it to a live replica (or re-sends it, a lost message),
+/// doubled per attempt; and the attempts before the step is given back to
+/// the session (shard_error with retry).
+constexpr std::chrono::milliseconds expert_timeout{1000};
+constexpr int expert_max_attempts = 6;
 
 int64_t since_ns(clock_type::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
@@ -88,6 +127,20 @@ struct session_state {
   caf::actor reply_to;
   // Replay log: activations sent to the next stage, by first position.
   std::map<int32_t, std::vector<float>> sent;
+  // Expert placement (issue #23): the MoE layer between its dispatch and its
+  // combine. Slot = row * k + r (the r-th chosen expert of position row).
+  struct expert_request {
+    int index = -1;          // placement index of the expert node asked
+    std::vector<int> slots;  // the slots it computes, request order
+    int attempts = 0;
+  };
+  int moe_layer = -1;
+  std::vector<float> moe_xb, moe_wts, moe_shared_y, moe_shared_g, moe_y;
+  std::vector<int32_t> moe_ids;
+  std::vector<char> moe_have;
+  int moe_missing = 0;
+  std::map<uint32_t, expert_request> moe_out;  // by request seq
+  int64_t moe_since = 0;                       // steady ns of the dispatch
   // Steps that arrived while one was in flight (a replay followed by the
   // re-sent step: in a TP group the next can come before the peers' partial
   // sums of the current one). Run in arrival order.
@@ -121,6 +174,19 @@ struct shard_state {
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
   std::map<uint64_t, int64_t> last_due;    // by session: arrival (steady ns) of its last payload sent
   std::set<std::pair<uint64_t, int32_t>> classifying;  // (session, pos0) of classifier jobs in flight
+  // Expert placement (issue #23). Stage shard: expert nodes taken for dead
+  // (down, or silent past a request's timeout) until their next wiring; the
+  // expert actors it watches; request numbers; metrics.
+  std::set<int> expert_down;
+  std::map<caf::actor_addr, int> expert_watch;
+  uint32_t next_seq = 1;
+  std::vector<uint64_t> expert_load;
+  int64_t moe_wait_ns = 0;
+  uint64_t redispatched = 0;
+  // Expert node: its worker's scratch, and the steps it computes for.
+  std::shared_ptr<model::scratch> expert_scratch;
+  std::multiset<std::tuple<uint64_t, uint32_t, int32_t>> expert_jobs;
+  uint64_t expert_pairs = 0;
   // Kernels run here, never on a CAF thread. Declared last: destroyed (and
   // joined, cancelling the job in flight) first.
   std::unique_ptr<compute_worker> worker;
@@ -171,6 +237,10 @@ blob* payload_of(activation& m) { return &m.x; }
 blob* payload_of(partial_sum& m) { return &m.data; }
 blob* payload_of(logits_msg& m) { return &m.logits; }
 blob* payload_of(kv_delta& m) { return &m.rows; }
+blob* payload_of(expert_req& m) { return &m.xb; }
+blob* payload_of(expert_out& m) { return &m.y; }
+uint64_t session_of(const expert_req& m) { return m.id.session; }
+uint64_t session_of(const expert_out& m) { return m.id.session; }
 uint64_t session_of(const activation& m) { return m.id.session; }
 uint64_t session_of(const partial_sum& m) { return m.id.session; }
 uint64_t session_of(const logits_msg& m) { return m.id.session; }
@@ -552,6 +622,209 @@ bool run_reduce(shard_actor* self, uint64_t session, session_state& ss, const to
   return done;
 }
 
+// ---------------------------------------------------------------------------
+// Expert placement (issue #23; topologies/placement.hpp "what runs where").
+
+/// The expert node to ask for expert e on row `row`: its holders from a start
+/// that rotates with the position (spreading load over replicas), the first
+/// not taken for dead; all of them down: the first in that order (the request
+/// waits there until the node is rewired, then goes again).
+int choose_holder(const shard_state& st, const topologies::shard_step& op, int e, int32_t pos) {
+  const auto& h = op.holders[static_cast<size_t>(e)];
+  const int R = static_cast<int>(h.size());
+  const int start = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(R));
+  for (int j = 0; j < R; ++j) {
+    const int idx = h[static_cast<size_t>((start + j) % R)];
+    if (!st.expert_down.count(idx)) return idx;
+  }
+  return h[static_cast<size_t>(start)];
+}
+
+/// Sends (or re-sends) request `seq` of the session's MoE layer to its
+/// expert node, and arms its timeout.
+void send_expert_request(shard_actor* self, session_state& ss, uint32_t seq) {
+  auto& st = self->state;
+  auto it = ss.moe_out.find(seq);
+  if (it == ss.moe_out.end()) return;
+  const auto& rq = it->second;
+  const int dim = st.init.weights->cfg().dim;
+  const int k = st.init.weights->cfg().n_experts_used;
+  expert_req r;
+  r.id = ss.id;
+  r.layer = ss.moe_layer;
+  r.seq = seq;
+  std::vector<int> rows;  // distinct rows, first-use order
+  for (int slot : rq.slots) {
+    const int row = slot / k;
+    auto at = std::find(rows.begin(), rows.end(), row);
+    if (at == rows.end()) {
+      rows.push_back(row);
+      at = rows.end() - 1;
+    }
+    r.pair_row.push_back(static_cast<int32_t>(at - rows.begin()));
+    r.pair_expert.push_back(ss.moe_ids[static_cast<size_t>(slot)]);
+  }
+  r.xb.data.resize(rows.size() * static_cast<size_t>(dim));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy_n(ss.moe_xb.begin() + static_cast<std::ptrdiff_t>(rows[i]) * dim, dim,
+                r.xb.data.begin() + static_cast<std::ptrdiff_t>(i) * dim);
+  r.reply_to = caf::actor_cast<caf::actor>(self);
+  r.reply_node = st.init.node->index;
+  r.session = ss.reply_to;
+  const auto wait = expert_timeout * (1 << std::min(rq.attempts, 4));
+  self->delayed_send(self, wait, moe_tmo_atom::value, ss.id.session, ss.id.epoch, ss.id.pos0,
+                     static_cast<int32_t>(ss.moe_layer), seq);
+  caf::actor to;
+  int32_t node = 0;
+  if (peer_of(st, rq.index, to, node) && to) deliver(self, to, node, std::move(r));
+}
+
+/// Sends every slot still missing of `slots` to a holder chosen afresh
+/// (grouped per expert node, one request each).
+void dispatch_slots(shard_actor* self, session_state& ss, const topologies::shard_step& op,
+                    const std::vector<int>& slots, int attempts) {
+  auto& st = self->state;
+  const int k = st.init.weights->cfg().n_experts_used;
+  std::map<int, std::vector<int>> by_node;
+  for (int slot : slots) {
+    if (ss.moe_have[static_cast<size_t>(slot)]) continue;
+    const int e = ss.moe_ids[static_cast<size_t>(slot)];
+    by_node[choose_holder(st, op, e, ss.id.pos0 + slot / k)].push_back(slot);
+  }
+  for (auto& g : by_node) {
+    const uint32_t seq = st.next_seq++;
+    auto& rq = ss.moe_out[seq];
+    rq.index = g.first;
+    rq.slots = std::move(g.second);
+    rq.attempts = attempts;
+    send_expert_request(self, ss, seq);
+  }
+}
+
+/// Request `seq` went unanswered or its node went down: its slots go to
+/// holders chosen afresh (a live replica when there is one).
+void redispatch(shard_actor* self, session_state& ss, uint32_t seq) {
+  auto& st = self->state;
+  auto it = ss.moe_out.find(seq);
+  if (it == ss.moe_out.end() || ss.pc >= st.program.size()) return;
+  const auto& op = st.program[ss.pc];
+  if (op.op != topologies::shard_op::combine) return;
+  auto rq = std::move(it->second);
+  ss.moe_out.erase(it);
+  const int k = st.init.weights->cfg().n_experts_used;
+  bool moved = false;
+  for (int slot : rq.slots)
+    moved = moved || choose_holder(st, op, ss.moe_ids[static_cast<size_t>(slot)], ss.id.pos0 + slot / k) != rq.index;
+  if (moved) ++st.redispatched;
+  dispatch_slots(self, ss, op, rq.slots, rq.attempts + 1);
+}
+
+/// Posts the dispatch op's preparation (rmsnorm, router, top-k, shared
+/// expert of every position) to the worker; on_routed sends the requests.
+void post_route(shard_actor* self, uint64_t session, session_state& ss, const topologies::shard_step& op) {
+  auto& st = self->state;
+  ss.computing = true;
+  ss.posted = true;
+  routed r;
+  r.session = session;
+  r.epoch = ss.id.epoch;
+  r.pos0 = ss.id.pos0;
+  r.pc = ss.pc;
+  r.x = std::move(ss.x);
+  const int count = ss.id.count, layer = op.layers.begin;
+  auto weights = st.init.weights;
+  const kernels::backend* be = st.init.backend;
+  auto scr = ss.s;
+  caf::actor_addr me = self->address();
+  std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
+  st.worker->post([r = std::move(r), count, layer, weights, be, scr, me, kpool](const std::atomic<bool>& cancelled) mutable {
+    if (cancelled) return;
+    kernels::pool::scope use_pool(kpool.get());
+    const auto& w = *weights;
+    const auto& c = w.cfg();
+    const int dim = c.dim, k = c.n_experts_used;
+    const auto t0 = clock_type::now();
+    r.xb.resize(static_cast<size_t>(count) * dim);
+    r.ids.resize(static_cast<size_t>(count) * k);
+    r.wts.resize(static_cast<size_t>(count) * k);
+    r.shared_g.assign(static_cast<size_t>(count), 0.0f);
+    std::vector<float> y(static_cast<size_t>(dim));
+    for (int i = 0; i < count; ++i) {
+      float* xb = r.xb.data() + static_cast<size_t>(i) * dim;
+      model::ffn_input(*be, w, layer, r.x.data() + static_cast<size_t>(i) * dim, xb);
+      model::moe_route(*be, w, layer, xb, *scr);
+      for (int j = 0; j < k; ++j) {
+        r.ids[static_cast<size_t>(i) * k + j] = scr->route_ids[static_cast<size_t>(j)];
+        r.wts[static_cast<size_t>(i) * k + j] = scr->route_w[static_cast<size_t>(j)];
+      }
+      float g = 0.0f;
+      if (model::moe_shared(*be, w, layer, xb, *scr, y.data(), &g)) {
+        if (r.shared_y.empty()) r.shared_y.resize(static_cast<size_t>(count) * dim);
+        std::copy(y.begin(), y.end(), r.shared_y.begin() + static_cast<std::ptrdiff_t>(i) * dim);
+        r.shared_g[static_cast<size_t>(i)] = g;
+      }
+    }
+    r.ns = since_ns(t0);
+    if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(r));
+  });
+}
+
+/// The combine op: per position, x += (w_0 y_0 + ... + w_{k-1} y_{k-1}, in
+/// the router's order, then + g * shared), summed exactly as model::moe_ffn
+/// sums on one node (the same model::moe_accumulate from a zero vector).
+void combine_moe(shard_actor* self, session_state& ss) {
+  auto& st = self->state;
+  const auto& c = st.init.weights->cfg();
+  const int dim = c.dim, k = c.n_experts_used;
+  std::vector<float> partial(static_cast<size_t>(dim));
+  for (int i = 0; i < ss.id.count; ++i) {
+    std::fill(partial.begin(), partial.end(), 0.0f);
+    for (int r = 0; r < k; ++r) {
+      const size_t slot = static_cast<size_t>(i) * k + r;
+      model::moe_accumulate(partial.data(), ss.moe_wts[slot], ss.moe_y.data() + slot * dim, dim);
+    }
+    if (!ss.moe_shared_y.empty())
+      model::moe_accumulate(partial.data(), ss.moe_shared_g[static_cast<size_t>(i)],
+                            ss.moe_shared_y.data() + static_cast<size_t>(i) * dim, dim);
+    float* x = ss.x.data() + static_cast<size_t>(i) * dim;
+    for (int j = 0; j < dim; ++j) x[j] += partial[static_cast<size_t>(j)];
+  }
+  st.moe_wait_ns += clock_type::now().time_since_epoch().count() - ss.moe_since;
+  ss.moe_layer = -1;
+  ss.moe_out.clear();
+  ss.moe_y.clear();
+  ss.moe_xb.clear();
+}
+
+/// Expert node: computes request r's pairs on the worker (model::moe_expert,
+/// the same function the one-node block runs); expert_done continues.
+void post_expert(shard_actor* self, expert_req r) {
+  auto& st = self->state;
+  if (!st.expert_scratch) st.expert_scratch = std::make_shared<model::scratch>(*st.init.weights);
+  st.expert_jobs.insert(std::make_tuple(r.id.session, r.id.epoch, r.id.pos0));
+  auto weights = st.init.weights;
+  const kernels::backend* be = st.init.backend;
+  auto scr = st.expert_scratch;
+  caf::actor_addr me = self->address();
+  std::shared_ptr<kernels::pool> kpool = st.init.node ? st.init.node->kernel_pool : nullptr;
+  st.worker->post([r = std::move(r), weights, be, scr, me, kpool](const std::atomic<bool>& cancelled) mutable {
+    if (cancelled) return;
+    kernels::pool::scope use_pool(kpool.get());
+    const int dim = weights->cfg().dim;
+    const auto t0 = clock_type::now();
+    expert_done d;
+    d.y.data.resize(r.pair_row.size() * static_cast<size_t>(dim));
+    for (size_t p = 0; p < r.pair_row.size(); ++p)
+      model::moe_expert(*be, *weights, r.layer, r.pair_expert[p],
+                        r.xb.data.data() + static_cast<size_t>(r.pair_row[p]) * dim, *scr,
+                        d.y.data.data() + p * dim);
+    d.ns = since_ns(t0);
+    r.xb.data.clear();
+    d.req = std::move(r);
+    if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(d));
+  });
+}
+
 /// Executes the program of the step in flight from ss.pc as far as it can
 /// (issue #15: the placement's steps as data). A compute op goes to the
 /// worker (on_computed continues); a reduce waits until every peer's partial
@@ -595,9 +868,16 @@ void run_program(shard_actor* self, uint64_t session, session_state& ss) {
         if (!replay) post_classify(self, ss);
         break;
       case shard_op::dispatch:
+        if (!ss.posted) post_route(self, session, ss, op);
+        return;  // on_routed sends the requests and goes on
       case shard_op::combine:
+        if (ss.moe_missing > 0) return;  // the expert_out handler resumes
+        combine_moe(self, ss);
+        ++ss.pc;
+        break;
+      case shard_op::expert:
       case shard_op::count:
-        // Refused when the wiring came (check_program): never reached.
+        // An expert node's op serves requests, never a step (check_program).
         report(self, ss.reply_to, ss.id,
                "placement index " + std::to_string(st.init.index) + " cannot execute " + to_string(op.op));
         ss.busy = false;
@@ -644,6 +924,54 @@ void on_computed(shard_actor* self, computed& c) {
   run_program(self, c.session, ss);
 }
 
+/// The worker prepared the dispatch op: send each chosen (position, expert)
+/// to a holder, then wait in the combine op for the outputs.
+void on_routed(shard_actor* self, routed& r) {
+  auto& st = self->state;
+  st.compute_ns += r.ns;
+  auto it = st.sessions.find(r.session);
+  if (it == st.sessions.end()) return;
+  auto& ss = it->second;
+  ss.computing = false;
+  auto deferred = std::move(ss.after_job);
+  ss.after_job.clear();
+  for (auto& f : deferred) f();
+  const bool current = ss.busy && ss.posted && ss.id.epoch == r.epoch && ss.id.pos0 == r.pos0 && ss.pc == r.pc;
+  if (!current) {
+    if (!ss.busy && !ss.queued.empty()) {
+      activation next = std::move(ss.queued.front());
+      ss.queued.pop_front();
+      start_step(self, next);
+    }
+    return;
+  }
+  ss.x = std::move(r.x);
+  ss.compute_ns += r.ns;
+  ss.posted = false;
+  const auto& op = st.program[ss.pc];
+  const auto& c = st.init.weights->cfg();
+  const int k = c.n_experts_used, n = ss.id.count * k;
+  ss.moe_layer = op.layers.begin;
+  ss.moe_xb = std::move(r.xb);
+  ss.moe_ids = std::move(r.ids);
+  ss.moe_wts = std::move(r.wts);
+  ss.moe_shared_y = std::move(r.shared_y);
+  ss.moe_shared_g = std::move(r.shared_g);
+  ss.moe_y.assign(static_cast<size_t>(n) * c.dim, 0.0f);
+  ss.moe_have.assign(static_cast<size_t>(n), 0);
+  ss.moe_missing = n;
+  ss.moe_out.clear();
+  ss.moe_since = clock_type::now().time_since_epoch().count();
+  if (st.expert_load.size() < static_cast<size_t>(c.n_experts)) st.expert_load.resize(c.n_experts, 0);
+  for (int32_t e : ss.moe_ids)
+    if (e >= 0 && e < c.n_experts && ss.replay_until < 0) ++st.expert_load[static_cast<size_t>(e)];
+  ++ss.pc;  // to the combine: its peers and holders are the dispatch's (check_program)
+  std::vector<int> slots(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = i;
+  dispatch_slots(self, ss, op, slots, 0);
+  run_program(self, r.session, ss);
+}
+
 void start_step(shard_actor* self, activation& a) {
   auto& st = self->state;
   session_state* ss = session_for(self, a.id, a.reply_to);
@@ -675,6 +1003,9 @@ void start_step(shard_actor* self, activation& a) {
   ss->checkpointed = false;
   ss->compute_ns = a.compute_ns;
   ss->reply_to = a.reply_to;
+  ss->moe_layer = -1;
+  ss->moe_out.clear();
+  ss->moe_missing = 0;
   run_program(self, a.id.session, *ss);
 }
 
@@ -698,6 +1029,9 @@ std::string check_wiring(const shard_state& st, const wiring& w, std::vector<top
   me.layers = topologies::range{spec.layer_begin, spec.layer_end};
   me.has_embedding = spec.embedding;
   me.has_classifier = spec.classifier;
+  me.routed = spec.routed;
+  me.expert_node = spec.expert_only();
+  me.experts = spec.experts;
   if (spec.classifier) {
     const int v0 = spec.vocab_first();
     me.vocab = topologies::range{v0, v0 + spec.vocab_rows(st.init.weights->cfg().vocab_size)};
@@ -777,6 +1111,97 @@ void hold_until_wired(shard_actor* self, caf::message m) {
   if (st.unwired.size() < 4096) st.unwired.push_back(std::move(m));
 }
 
+/// A stage shard's new wiring (issue #23): watch the expert nodes its
+/// dispatch names; one that runs as a new incarnation is live again and gets
+/// the requests that were waiting for it (the step in flight only: expert
+/// nodes hold no session state).
+void rewire_experts(shard_actor* self, const wiring& before) {
+  auto& st = self->state;
+  std::set<int> experts;
+  for (const auto& op : st.program)
+    if (op.op == topologies::shard_op::dispatch) experts.insert(op.peers.begin(), op.peers.end());
+  if (experts.empty()) return;
+  std::set<int> renewed;
+  for (size_t i = 0; i < st.wires.group_index.size() && i < st.wires.group.size(); ++i) {
+    const int idx = st.wires.group_index[i];
+    const auto& a = st.wires.group[i];
+    if (!experts.count(idx) || !a) continue;
+    bool same = false;
+    for (size_t j = 0; j < before.group_index.size() && j < before.group.size(); ++j)
+      if (before.group_index[j] == idx && before.group[j] == a) same = true;
+    if (same) continue;
+    renewed.insert(idx);
+    st.expert_down.erase(idx);
+    // The previous incarnation (taken away from a silent node) is no longer
+    // this index: its death later says nothing about the new one.
+    for (auto it = st.expert_watch.begin(); it != st.expert_watch.end();)
+      it = it->second == idx ? st.expert_watch.erase(it) : std::next(it);
+    st.expert_watch[a.address()] = idx;
+    self->monitor(a);
+  }
+  if (renewed.empty()) return;
+  for (auto& kv : st.sessions) {
+    auto& ss = kv.second;
+    if (!ss.busy || ss.moe_out.empty()) continue;
+    std::vector<uint32_t> again;
+    for (auto& r : ss.moe_out)
+      if (renewed.count(r.second.index)) again.push_back(r.first);
+    for (uint32_t seq : again) {
+      ++ss.moe_out[seq].attempts;
+      send_expert_request(self, ss, seq);
+    }
+  }
+}
+
+/// An expert node went down (crash, lost connection): its requests in flight
+/// go to live replicas now; without one they wait for its restart's wiring.
+void expert_down(shard_actor* self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  auto w = st.expert_watch.find(dm.source);
+  if (w == st.expert_watch.end()) return;
+  const int idx = w->second;
+  st.expert_watch.erase(w);
+  st.expert_down.insert(idx);
+  for (auto& kv : st.sessions) {
+    auto& ss = kv.second;
+    if (!ss.busy || ss.moe_out.empty()) continue;
+    std::vector<uint32_t> again;
+    for (auto& r : ss.moe_out)
+      if (r.second.index == idx) again.push_back(r.first);
+    for (uint32_t seq : again) redispatch(self, ss, seq);
+  }
+}
+
+/// Expert node: the fault plan at a request (as faults_allow at a step);
+/// false when the request must not be served now.
+bool expert_faults_allow(shard_actor* self, expert_req& r) {
+  auto& st = self->state;
+  if (!st.hooks || r.held) return true;
+  const auto fx = st.hooks->on_step(static_cast<uint64_t>(r.id.pos0), static_cast<uint64_t>(r.id.pos0 + r.id.count));
+  const int64_t now_ns = clock_type::now().time_since_epoch().count();
+  for (const auto& f : fx.fired)
+    if (st.init.coordinator)
+      self->send(st.init.coordinator,
+                 fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
+                              static_cast<int64_t>(f.step), now_ns, supervision::to_string(f)});
+  if (fx.crash || fx.silence) return false;
+  st.drop_left += fx.drop;
+  st.corrupt_left += fx.corrupt;
+  if (fx.delay_count > 0) st.init.node->shaper->add_delay(fx.delay, fx.delay_count);
+  if (fx.partition) {
+    const auto d = fx.partition_for ? caf::timespan(*fx.partition_for) : caf::timespan(std::chrono::hours(24 * 365));
+    st.partitioned_until = self->clock().now() + d;
+    if (st.init.heartbeat) self->send(st.init.heartbeat, supervision::hb_silence_atom::value, d);
+    return false;
+  }
+  if (fx.slow.count() > 0) {
+    r.held = true;
+    self->delayed_send(self, fx.slow, std::move(r));
+    return false;
+  }
+  return true;
+}
+
 caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   auto& st0 = self->state;
   st0.init = std::move(init);
@@ -794,14 +1219,17 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
     auto& st = self->state;
     return (st.hooks && st.hooks->silenced()) || self->clock().now() < st.partitioned_until;
   };
+  self->set_down_handler([self](caf::down_msg& dm) { expert_down(self, dm); });
   caf::message_handler own{
       [=](wire_atom, wiring w) -> caf::result<void> {
         auto& st = self->state;
         std::vector<topologies::shard_step> prog;
         if (auto why = check_wiring(st, w, prog); !why.empty())
           return caf::make_error(caf::sec::invalid_argument, why);
+        const wiring before = st.wires;
         st.wires = std::move(w);
         st.program = std::move(prog);
+        rewire_experts(self, before);
         if (st.wired) return {};
         st.wired = true;
         for (auto& m : st.unwired) self->send(self, std::move(m));
@@ -1003,6 +1431,129 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         st.probes.erase({m.reply_to, m.from_node});
         self->send(m.reply_to, r);
       },
+      // Expert node (issue #23): compute the asked (row, expert) pairs.
+      [=](expert_req& r) {
+        if (silent()) return;
+        auto& st = self->state;
+        if (!st.wired) return hold_until_wired(self, caf::make_message(std::move(r)));
+        if (self->current_sender() != self->ctrl()) st.bytes_received += payload_bytes(r.xb);
+        const auto* op = st.program.empty() ? nullptr : &st.program.front();
+        if (!op || op->op != topologies::shard_op::expert) return;
+        auto answer = [&](int32_t status) {
+          expert_out o;
+          o.id = r.id;
+          o.layer = r.layer;
+          o.seq = r.seq;
+          o.index = st.init.index;
+          o.status = status;
+          deliver(self, r.reply_to, r.reply_node, std::move(o));
+        };
+        if (!r.xb.ok()) return answer(1);  // corrupt on the way: the stage shard re-sends
+        const int dim = st.init.weights->cfg().dim;
+        std::string why;
+        if (r.layer < op->layers.begin || r.layer >= op->layers.end)
+          why = "layer " + std::to_string(r.layer) + " outside its layers " + to_string(op->layers);
+        else if (r.pair_row.size() != r.pair_expert.size() || r.xb.data.size() % static_cast<size_t>(dim) != 0)
+          why = "malformed request (pairs or rows)";
+        for (size_t p = 0; why.empty() && p < r.pair_row.size(); ++p) {
+          if (!std::binary_search(op->experts.begin(), op->experts.end(), r.pair_expert[p]))
+            why = "expert " + std::to_string(r.pair_expert[p]) + " is not held here";
+          else if (r.pair_row[p] < 0 || static_cast<size_t>(r.pair_row[p]) * dim >= r.xb.data.size())
+            why = "pair row out of range";
+        }
+        if (!why.empty()) {
+          report(self, r.session, r.id,
+                 "expert request to placement index " + std::to_string(st.init.index) + ": " + why);
+          return;
+        }
+        if (!expert_faults_allow(self, r)) return;
+        st.expert_pairs += r.pair_row.size();
+        post_expert(self, std::move(r));
+      },
+      [=](expert_done& d) {
+        auto& st = self->state;
+        st.compute_ns += d.ns;
+        auto j = st.expert_jobs.find(std::make_tuple(d.req.id.session, d.req.id.epoch, d.req.id.pos0));
+        if (j != st.expert_jobs.end()) st.expert_jobs.erase(j);
+        if (silent()) return;
+        expert_out o;
+        o.id = d.req.id;
+        o.layer = d.req.layer;
+        o.seq = d.req.seq;
+        o.index = st.init.index;
+        o.y = std::move(d.y);
+        o.compute_ns = d.ns;
+        deliver(self, d.req.reply_to, d.req.reply_node, std::move(o));
+      },
+      // Stage shard: an expert node's outputs for the MoE layer in flight.
+      [=](expert_out& o) {
+        if (silent()) return;
+        auto& st = self->state;
+        st.bytes_received += payload_bytes(o.y);
+        auto it = st.sessions.find(o.id.session);
+        if (it == st.sessions.end()) return;
+        auto& ss = it->second;
+        if (!ss.busy || ss.id.epoch != o.id.epoch || ss.id.pos0 != o.id.pos0 || ss.moe_layer != o.layer) return;
+        auto rq = ss.moe_out.find(o.seq);
+        if (rq == ss.moe_out.end()) return;  // answered already (a re-sent or re-dispatched request)
+        const int dim = st.init.weights->cfg().dim;
+        if (o.status != 0 || !o.y.ok()) {  // a payload corrupt on either way: ask again
+          ++rq->second.attempts;
+          send_expert_request(self, ss, o.seq);
+          return;
+        }
+        const auto& slots = rq->second.slots;
+        if (o.y.data.size() != slots.size() * static_cast<size_t>(dim)) {
+          report(self, ss.reply_to, ss.id,
+                 "expert output of " + std::to_string(o.y.data.size()) + " floats from placement index " +
+                     std::to_string(o.index) + ", expected " + std::to_string(slots.size()) + " x " +
+                     std::to_string(dim));
+          return;
+        }
+        ss.compute_ns += o.compute_ns;  // counted as if serial: an upper bound of the critical path
+        for (size_t p = 0; p < slots.size(); ++p) {
+          const size_t slot = static_cast<size_t>(slots[p]);
+          if (ss.moe_have[slot]) continue;
+          std::copy_n(o.y.data.begin() + static_cast<std::ptrdiff_t>(p) * dim, dim,
+                      ss.moe_y.begin() + static_cast<std::ptrdiff_t>(slot) * dim);
+          ss.moe_have[slot] = 1;
+          --ss.moe_missing;
+        }
+        ss.moe_out.erase(rq);
+        if (ss.moe_missing == 0) run_program(self, o.id.session, ss);
+      },
+      [=](moe_tmo_atom, uint64_t session, uint32_t epoch, int32_t pos0, int32_t layer, uint32_t seq) {
+        if (silent()) return;
+        auto& st = self->state;
+        auto it = st.sessions.find(session);
+        if (it == st.sessions.end()) return;
+        auto& ss = it->second;
+        if (!ss.busy || ss.id.epoch != epoch || ss.id.pos0 != pos0 || ss.moe_layer != layer) return;
+        auto rq = ss.moe_out.find(seq);
+        if (rq == ss.moe_out.end()) return;  // answered
+        if (rq->second.attempts + 1 >= expert_max_attempts) {
+          report(self, ss.reply_to, ss.id,
+                 "expert node at placement index " + std::to_string(rq->second.index) + " did not answer layer " +
+                     std::to_string(layer) + " after " + std::to_string(expert_max_attempts) + " attempts",
+                 true);
+          return;
+        }
+        // Silent past its timeout (or the message was lost): a replica if
+        // there is one, else the same node again.
+        st.expert_down.insert(rq->second.index);
+        redispatch(self, ss, seq);
+      },
+      [=](routed& r) {
+        if (silent()) {
+          auto it = self->state.sessions.find(r.session);
+          if (it != self->state.sessions.end()) {
+            it->second.computing = false;
+            it->second.after_job.clear();
+          }
+          return;
+        }
+        on_routed(self, r);
+      },
       [=](close_atom, uint64_t session) { drop_session(self, session); },
       [=](computed& c) {
         if (silent()) {
@@ -1062,6 +1613,12 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
             for (const auto& q : ss.queued)
               if (same(q.id)) working = 1;
         }
+        // A stage shard waiting for its experts (it re-sends and re-dispatches
+        // them itself); an expert node computing for the step.
+        if (it != st.sessions.end() && it->second.busy && !it->second.moe_out.empty() &&
+            it->second.id.epoch == epoch && it->second.id.pos0 == pos0)
+          working = 1;
+        if (st.expert_jobs.count(std::make_tuple(session, epoch, pos0))) working = 1;
         for (const auto& a : st.slowed)
           if (a.id.session == session && a.id.epoch == epoch && a.id.pos0 == pos0) working = 1;
         if (st.classifying.count({session, pos0})) working = 1;
@@ -1093,6 +1650,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           s.link_to.push_back(l.first);
           s.link_bytes.push_back(l.second);
         }
+        s.expert_load = st.expert_load;
+        s.moe_wait_ns = st.moe_wait_ns;
+        s.expert_redispatched = st.redispatched;
+        s.expert_pairs = st.expert_pairs;
         return s;
       },
   };

@@ -30,6 +30,26 @@ namespace cellshard::model {
 void route_top_k(const float* scores, int n_experts, int k, bool renormalise, int* chosen,
                  float* weights);
 
+/// The router of layer `l` on xb [dim]: softmax(router . xb), then
+/// route_top_k into s.route_ids / s.route_w [n_experts_used] (uses s.router).
+void moe_route(const kernels::backend& be, const shard_weights& w, int l, const float* xb, scratch& s);
+
+/// Routed expert e's output y [dim] = down_e . (silu(gate_e . xb) * (up_e . xb))
+/// over the units of e the slice holds (uses s.hb, s.hb2). The expert
+/// nodes of an expert placement run exactly this (issue #23).
+void moe_expert(const kernels::backend& be, const shard_weights& w, int l, int e, const float* xb, scratch& s,
+                float* y);
+
+/// The shared expert (qwen2moe) when the slice holds it: y [dim] = its
+/// output and *gate = sigmoid(shared_gate . xb); false (nothing written)
+/// when the slice has none.
+bool moe_shared(const kernels::backend& be, const shard_weights& w, int l, const float* xb, scratch& s,
+                float* y, float* gate);
+
+/// partial[i] += g * y[i] for i < dim: the one accumulation of the block,
+/// used in the same order by moe_ffn and by an expert placement's combine.
+void moe_accumulate(float* partial, float g, const float* y, int dim);
+
 /// The MoE FFN of layer `l` on the normalised input xb [dim]: partial [dim] =
 /// this shard's share of the block's output (the routed experts' units of its
 /// slice, and the shared expert when the slice holds it). Uses s.router,

@@ -53,11 +53,22 @@ slice_spec slice_spec::whole(const config& c) {
   return s;
 }
 
+bool slice_spec::holds_expert(int e) const {
+  if (expert_only()) return std::find(experts.begin(), experts.end(), e) != experts.end();
+  return routed;
+}
+
 std::string slice_spec::to_string() const {
   std::ostringstream os;
   os << "layers [" << layer_begin << "," << layer_end << ") kv heads [" << kv_head_begin << ","
      << kv_head_end << ") ffn [" << ffn_begin << "," << ffn_end << ")"
      << (embedding ? " +embedding" : "") << (classifier ? " +classifier" : "");
+  if (!routed) os << " no routed experts";
+  if (expert_only()) {
+    os << " experts {";
+    for (size_t i = 0; i < experts.size(); ++i) os << (i ? "," : "") << experts[i];
+    os << "} only";
+  }
   if (classifier && vocab_end != 0) os << " vocab [" << vocab_begin << "," << vocab_end << ")";
   return os.str();
 }
@@ -154,6 +165,15 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
   if (spec.classifier && spec.vocab_end != 0 &&
       (spec.vocab_begin < 0 || spec.vocab_end > c.vocab_size || spec.vocab_begin >= spec.vocab_end))
     return bad("classifier rows outside [0," + std::to_string(c.vocab_size) + ")");
+  if ((spec.expert_only() || !spec.routed) && !c.moe())
+    return bad("an expert slice of a dense model (it has no experts)");
+  if (spec.expert_only()) {
+    if (spec.ffn_begin != 0 || spec.ffn_end != c.hidden_dim || spec.embedding || spec.classifier)
+      return bad("an expert node holds whole experts and nothing else");
+    for (size_t i = 0; i < spec.experts.size(); ++i)
+      if (spec.experts[i] < 0 || spec.experts[i] >= c.n_experts || (i > 0 && spec.experts[i] <= spec.experts[i - 1]))
+        return bad("experts must be ascending, distinct and in [0," + std::to_string(c.n_experts) + ")");
+  }
 
   std::shared_ptr<shard_weights> w(new shard_weights());
   w->file_ = file;
@@ -206,6 +226,20 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
     layer L;
     L.rms_att = v.rms_att;
     L.rms_ffn = v.rms_ffn;
+    if (spec.expert_only()) {  // an expert node: its experts, whole, nothing else
+      const moe_layer_view& m = file->moe_layer(l);
+      auto f = [](const tensor_view& t) { return reinterpret_cast<const float*>(t.data); };
+      L.ew1.resize(c.n_experts);
+      L.ew3.resize(c.n_experts);
+      L.ew2.resize(c.n_experts);
+      for (int e : spec.experts) {
+        L.ew1[e] = finish(view(f(m.w1[e]), h, d, d));
+        L.ew3[e] = finish(view(f(m.w3[e]), h, d, d));
+        L.ew2[e] = finish(view(f(m.w2[e]), d, h, h));
+      }
+      w->layers_.push_back(L);
+      continue;
+    }
     L.wq = finish(view(v.wq + static_cast<size_t>(q0) * d, nq, d, d));
     L.wk = finish(view(v.wk + static_cast<size_t>(k0) * d, nk, d, d));
     L.wv = finish(view(v.wv + static_cast<size_t>(k0) * d, nk, d, d));
@@ -220,6 +254,12 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
       L.router = view(f(m.router), c.n_experts, d, d);  // llama.cpp's quantize keeps routers too
       w->bytes_ += L.router.bytes();
       for (int e = 0; e < c.n_experts; ++e) {
+        if (!spec.routed) {  // a stage shard of an expert placement: the expert nodes hold them
+          L.ew1.emplace_back();
+          L.ew3.emplace_back();
+          L.ew2.emplace_back();
+          continue;
+        }
         L.ew1.push_back(finish(view(f(m.w1[e]) + static_cast<size_t>(f0) * d, nf, d, d)));
         L.ew3.push_back(finish(view(f(m.w3[e]) + static_cast<size_t>(f0) * d, nf, d, d)));
         L.ew2.push_back(finish(view(f(m.w2[e]) + f0, d, nf, h)));
@@ -391,6 +431,19 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
     layer L;
     L.rms_att = v.rms_att;
     L.rms_ffn = v.rms_ffn;
+    if (spec.expert_only()) {  // an expert node: its experts, whole, nothing else
+      const moe_layer_view& m = file.moe_layer(l);
+      L.ew1.resize(c.n_experts);
+      L.ew3.resize(c.n_experts);
+      L.ew2.resize(c.n_experts);
+      for (int e : spec.experts) {
+        L.ew1[e] = rows_of(m.w1[e], 0, c.hidden_dim);
+        L.ew3[e] = rows_of(m.w3[e], 0, c.hidden_dim);
+        L.ew2[e] = cols_of(m.w2[e], 0, c.hidden_dim);
+      }
+      w->layers_.push_back(L);
+      continue;
+    }
     L.wq = rows_of(t.wq, q0, nq);
     L.wk = rows_of(t.wk, k0, nk);
     L.wv = rows_of(t.wv, k0, nk);
@@ -403,6 +456,12 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
       const moe_layer_view& m = file.moe_layer(l);
       L.router = rows_of(m.router, 0, c.n_experts);
       for (int e = 0; e < c.n_experts; ++e) {
+        if (!spec.routed) {  // a stage shard of an expert placement
+          L.ew1.emplace_back();
+          L.ew3.emplace_back();
+          L.ew2.emplace_back();
+          continue;
+        }
         L.ew1.push_back(rows_of(m.w1[e], f0, nf));
         L.ew3.push_back(rows_of(m.w3[e], f0, nf));
         L.ew2.push_back(cols_of(m.w2[e], f0, nf));
@@ -532,6 +591,10 @@ void attention_partial(const kernels::backend& be, const shard_weights& w, int l
   be.attention(s.attn.data(), s.q.data(), kv.key(li, 0), kv.value(li, 0), s.att.data(),
                w.n_heads_local(), c.kv_mul(), c.head_size(), kv.kv_dim(), pos);
   matvec(be, partial, L.wo, s.attn.data(), w.matmul());
+}
+
+void ffn_input(const kernels::backend& be, const shard_weights& w, int l, const float* x, float* xb) {
+  norm(be, w.cfg(), xb, x, w.at(l).rms_ffn, w.cfg().dim);
 }
 
 void ffn_partial(const kernels::backend& be, const shard_weights& w, int l, const float* x,

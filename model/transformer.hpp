@@ -43,6 +43,18 @@ struct slice_spec {
   /// computes logits for; vocab_end == 0 means the whole vocabulary. A tensor
   /// group's last stage splits the vocabulary over its ranks (issue #19).
   int vocab_begin = 0, vocab_end = 0;
+  /// Mixture of experts under an expert placement (issue #23,
+  /// topologies/placement.hpp). `routed` false: the slice holds no routed
+  /// expert of its layers (a stage shard: attention, router, shared expert).
+  /// `experts` non-empty: an expert node -- of its layers only these routed
+  /// experts, whole (units [ffn_begin, ffn_end) must be all of them), and
+  /// nothing else (no attention, norms, router or shared expert); the other
+  /// experts' matrices are empty (rows 0).
+  bool routed = true;
+  std::vector<int> experts;
+  bool expert_only() const { return !experts.empty(); }
+  /// True when the slice holds routed expert e's matrices.
+  bool holds_expert(int e) const;
 
   static slice_spec whole(const config& c);
   int n_layers() const { return layer_end - layer_begin; }
@@ -221,6 +233,10 @@ private:
 /// · attn. x [dim] is read only; partial [dim] is written.
 void attention_partial(const kernels::backend& be, const shard_weights& w, int l,
                        const float* x, int pos, kv_cache& kv, scratch& s, float* partial);
+
+/// The FFN half's input: xb[dim] = rmsnorm(x) with layer l's FFN norm (what
+/// ffn_partial feeds its SwiGLU or the MoE block).
+void ffn_input(const kernels::backend& be, const shard_weights& w, int l, const float* x, float* xb);
 
 /// FFN half of layer `l`: rmsnorm(x), SwiGLU over this slice's units, partial =
 /// w2_slice · h. x [dim] read only; partial [dim] written. For a mixture of

@@ -47,12 +47,19 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
   set.runtime = {
       cmd->add_option("--nodes", o.nodes, "in-process nodes")->group(g),
       cmd->add_option("--spares", o.spares, "extra nodes held as spares")->group(g),
-      cmd->add_option("--topology", o.topology, "pipeline|tensor|hybrid:PxT")->group(g),
+      cmd->add_option("--topology", o.topology,
+                      "pipeline|tensor|hybrid:PxT|expert:E|pipeline:P,expert:E (expert: mixture-of-experts "
+                      "models, E expert nodes per stage)")
+          ->group(g),
       cmd->add_option("--reduce", o.reduce,
                       "all-reduce of tensor groups: direct (every rank sends its partial to every other) or "
                       "scatter (reduce-scatter + all-gather: 2(T-1)/T of a vector per rank instead of T-1); "
                       "both sum in rank order (same ids)")
           ->check(CLI::IsMember({"direct", "scatter"}))
+          ->capture_default_str()
+          ->group(g),
+      cmd->add_option("--expert-replicas", o.expert_replicas,
+                      "expert topologies: each expert on R of its stage's E expert nodes (1..E)")
           ->capture_default_str()
           ->group(g),
       cmd->add_option("--profile", o.profile, "node profile: host|ps3|ps3-slim|rpi5")->group(g),
@@ -119,6 +126,14 @@ void check_cluster_flags(CLI::App* cmd, const cluster_flag_set& set, cluster_fla
     throw cli_error("--spe-workers: got " + std::to_string(o.spe_workers) + ", expected 0 (the profile's) or more", 2);
   auto strat = topologies::parse_strategy(o.topology);
   if (!strat) throw cli_error(strat.message(), 2);
+  if (cmd->count("--expert-replicas") > 0 && strat->kind != topologies::strategy_kind::expert)
+    throw cli_error("--expert-replicas needs an expert topology (--topology expert:E or pipeline:P,expert:E), not '" +
+                        o.topology + "'",
+                    2);
+  if (o.expert_replicas < 1 || (strat->kind == topologies::strategy_kind::expert && o.expert_replicas > strat->experts))
+    throw cli_error("--expert-replicas " + std::to_string(o.expert_replicas) + ": expected 1.." +
+                        std::to_string(std::max(1, strat->experts)) + " (each expert on R distinct expert nodes of its stage)",
+                    2);
   if (o.step_timeout_min_ms > o.step_timeout_max_ms)
     throw cli_error("--step-timeout-min (" + std::to_string(o.step_timeout_min_ms) +
                         " ms) exceeds --step-timeout-max (" + std::to_string(o.step_timeout_max_ms) + " ms)",
@@ -155,6 +170,19 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
   co.spares = o.spares;
   co.topology = o.topology;
   co.reduce = o.reduce;
+  co.expert_replicas = o.expert_replicas;
+  if (auto strat = topologies::parse_strategy(o.topology); strat && strat->kind == topologies::strategy_kind::expert) {
+    const auto& c = lm.file->cfg();
+    if (!c.moe())
+      throw cli_error("--topology " + o.topology + ": expert parallelism needs a mixture-of-experts model; " +
+                          "this model is dense (0 experts)",
+                      2);
+    if (strat->experts > c.n_experts)
+      throw cli_error("--topology " + o.topology + ": " + std::to_string(strat->experts) +
+                          " expert nodes per stage for a model of " + std::to_string(c.n_experts) +
+                          " experts per layer (at most " + std::to_string(c.n_experts) + ")",
+                      2);
+  }
   co.profile = o.profile;
   if (!o.memory.empty()) {
     auto m = topologies::parse_memory(o.memory);

@@ -53,6 +53,9 @@ std::vector<slice> tp_slices(const model::config& cfg, int t) {
 }
 
 std::string role_of(const shard& s, const strategy& st) {
+  if (st.kind == strategy_kind::expert)
+    return s.expert_node ? "stage " + std::to_string(s.stage) + " / expert node " + std::to_string(s.rank - 1)
+                         : "stage " + std::to_string(s.stage);
   if (st.kind == strategy_kind::tensor) return "tp rank " + std::to_string(s.rank);
   if (st.kind == strategy_kind::pipeline) return "stage " + std::to_string(s.stage);
   return "stage " + std::to_string(s.stage) + " / tp rank " + std::to_string(s.rank);
@@ -63,6 +66,19 @@ std::string list_of(const std::vector<int>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s + "]";
+}
+
+std::string set_of(const std::vector<int>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+// "0:[1,2] 1:[2,3] ..." -- expert e: its holders in preference order.
+std::string holders_text(const std::vector<std::vector<int>>& h) {
+  std::string s;
+  for (size_t e = 0; e < h.size(); ++e) s += (e ? " " : "") + std::to_string(e) + ":" + list_of(h[e]);
+  return s;
 }
 
 byte_unit report_unit(uint64_t bytes) {
@@ -103,10 +119,25 @@ std::string table(const std::vector<std::vector<std::string>>& rows) {
 
 result<strategy> parse_strategy(std::string_view text) {
   const std::string t(text);
+  const std::string usage = "--topology '" + t +
+                            "': expected pipeline, pipeline:S, tensor, tensor:T, hybrid:PxT, expert:E or "
+                            "pipeline:P,expert:E";
+  // "pipeline[:P],expert:E": expert parallelism over P stages.
+  if (const auto comma = text.find(','); comma != std::string_view::npos) {
+    const std::string_view first = text.substr(0, comma), second = text.substr(comma + 1);
+    if (second.substr(0, 7) != "expert:" || (first != "pipeline" && first.substr(0, 9) != "pipeline:"))
+      return make_error(usage + " (only pipeline[:P],expert:E combines two)");
+    auto p = parse_strategy(first);
+    auto e = parse_strategy(second);
+    if (!p) return p.err();
+    if (!e) return e.err();
+    strategy s = e.value();
+    s.stages = p.value().stages;
+    return s;
+  }
   const auto colon = text.find(':');
   const std::string_view head = text.substr(0, colon);
   const std::string_view arg = colon == std::string_view::npos ? std::string_view{} : text.substr(colon + 1);
-  const std::string usage = "--topology '" + t + "': expected pipeline, pipeline:S, tensor, tensor:T or hybrid:PxT";
   strategy s;
   if (head == "pipeline" || head == "tensor") {
     s.kind = head == "pipeline" ? strategy_kind::pipeline : strategy_kind::tensor;
@@ -131,8 +162,14 @@ result<strategy> parse_strategy(std::string_view text) {
     return s;
   }
   if (head == "expert") {
-    return make_error("--topology expert: expert parallelism is modelled by `plan` only; run supports pipeline, "
-                      "tensor and hybrid:PxT");
+    int e = 0;
+    if (colon == std::string_view::npos || !parse_count(arg, e) || e < 1)
+      return make_error(usage + " (expert needs E, the expert nodes per stage, at least 1: expert:4)");
+    s.kind = strategy_kind::expert;
+    s.stages = 1;
+    s.tp = 1;
+    s.experts = e;
+    return s;
   }
   return make_error(usage);
 }
@@ -142,6 +179,9 @@ std::string to_string(const strategy& s) {
     case strategy_kind::pipeline: return s.stages > 0 ? "pipeline:" + std::to_string(s.stages) : "pipeline";
     case strategy_kind::tensor: return s.tp > 0 ? "tensor:" + std::to_string(s.tp) : "tensor";
     case strategy_kind::hybrid: return "hybrid:" + std::to_string(s.stages) + "x" + std::to_string(s.tp);
+    case strategy_kind::expert:
+      return (s.stages == 1 ? std::string() : (s.stages > 0 ? "pipeline:" + std::to_string(s.stages) : "pipeline") + ",") +
+             "expert:" + std::to_string(s.experts);
   }
   return "?";
 }
@@ -198,7 +238,7 @@ std::vector<node_spec> make_nodes(int n, const profile& prof, int spares) {
 // Memory
 
 memory_need shard_memory(const model::config& cfg, const placement_options& o, int n_layers, int n_heads,
-                         int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows) {
+                         int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows, int routed_experts) {
   const bool has_classifier = vocab_rows > 0;
   const uint64_t d = static_cast<uint64_t>(cfg.dim);
   const uint64_t hs = static_cast<uint64_t>(cfg.head_size());
@@ -215,10 +255,11 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
   // A mixture of experts holds f units of every expert, the f32 router
   // [experts x dim], and (counted on every shard: an upper bound for tensor
   // ranks other than the first) the shared expert, its gate and the biases.
-  const uint64_t experts = cfg.moe() ? static_cast<uint64_t>(cfg.n_experts) : 1;
+  const uint64_t experts =
+      cfg.moe() ? static_cast<uint64_t>(routed_experts >= 0 ? routed_experts : cfg.n_experts) : 1;
   const uint64_t sh = static_cast<uint64_t>(cfg.shared_hidden);
   const uint64_t moe_extra =
-      cfg.moe() ? experts * d * f32 + (sh ? 2 * sh * w.row_bytes(K::w1, d) + d * w.row_bytes(K::w2, sh) + d * f32
+      cfg.moe() ? static_cast<uint64_t>(cfg.n_experts) * d * f32 + (sh ? 2 * sh * w.row_bytes(K::w1, d) + d * w.row_bytes(K::w2, sh) + d * f32
                                           : 0) +
                       (cfg.qkv_bias ? (q_rows + 2 * kv_rows) * f32 : 0)
                 : 0;
@@ -245,6 +286,49 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
   return m;
 }
 
+memory_need expert_node_memory(const model::config& cfg, const placement_options& o, int n_layers,
+                               int held_experts) {
+  using K = weight_format;
+  const uint64_t d = static_cast<uint64_t>(cfg.dim), f = static_cast<uint64_t>(cfg.hidden_dim);
+  const weight_format& w = o.weights;
+  const uint64_t one = f * w.row_bytes(K::w1, d) + f * w.row_bytes(K::w3, d) + d * w.row_bytes(K::w2, f);
+  memory_need m;
+  m.weights = static_cast<uint64_t>(std::max(n_layers, 0)) * static_cast<uint64_t>(std::max(held_experts, 0)) * one;
+  m.buffers = static_cast<uint64_t>(std::max(o.sessions, 1)) * (2 * d + 2 * f) * sizeof(float);
+  return m;
+}
+
+std::vector<std::vector<int>> assign_experts(int n_experts, int replicas, const std::vector<uint64_t>& budgets,
+                                             uint64_t per_expert, uint64_t fixed) {
+  const int E = static_cast<int>(budgets.size());
+  std::vector<std::vector<int>> holders(static_cast<size_t>(std::max(n_experts, 0)));
+  if (E == 0) return holders;
+  // Room left per node (may go negative: the memory check reports it).
+  std::vector<long double> room(static_cast<size_t>(E));
+  for (int i = 0; i < E; ++i)
+    room[static_cast<size_t>(i)] = static_cast<long double>(budgets[static_cast<size_t>(i)]) - fixed;
+  for (int e = 0; e < n_experts; ++e)
+    for (int j = 0; j < std::min(replicas, E); ++j) {
+      auto& h = holders[static_cast<size_t>(e)];
+      // Round robin: node (e + j) mod E when it still has room for the
+      // expert (and does not hold it yet); otherwise the node with the most
+      // room left, the first in the order (e + j + 1) mod E, ... on ties.
+      int best = (e + j) % E;
+      const bool taken = std::find(h.begin(), h.end(), best) != h.end();
+      if (taken || room[static_cast<size_t>(best)] < static_cast<long double>(per_expert)) {
+        best = -1;
+        for (int k = 0; k < E; ++k) {
+          const int n = (e + j + k) % E;
+          if (std::find(h.begin(), h.end(), n) != h.end()) continue;
+          if (best < 0 || room[static_cast<size_t>(n)] > room[static_cast<size_t>(best)]) best = n;
+        }
+      }
+      h.push_back(best);
+      room[static_cast<size_t>(best)] -= static_cast<long double>(per_expert);
+    }
+  return holders;
+}
+
 result<void> check_memory(const placement& p) {
   std::string lines;
   int bad = 0;
@@ -253,7 +337,10 @@ result<void> check_memory(const placement& p) {
     ++bad;
     lines += "\n  node " + std::to_string(s.node) + " (" + s.profile + ", " + format_bytes(s.budget_bytes) +
              "): shard needs " + need_text(s) + "; placement index " + std::to_string(s.index) + ": " +
-             role_of(s, p.strat) + ", layers " + to_string(s.layers);
+             role_of(s, p.strat) + ", layers " + to_string(s.layers) +
+             (s.expert_node ? ", " + plural(static_cast<int>(s.experts.size()), "expert", "experts") +
+                                  " of each layer"
+                            : std::string());
   }
   if (bad == 0) return {};
   return make_error("placement " + to_string(p.strat) + " does not fit in memory (" +
@@ -276,6 +363,195 @@ result<int> placement::node_of(int placement_index) const {
 bool placement::fits() const {
   return std::all_of(shards.begin(), shards.end(), [](const shard& s) { return s.fits(); });
 }
+
+
+// ---------------------------------------------------------------------------
+// Expert placement (issue #23): see placement.hpp.
+
+namespace {
+
+result<placement> place_expert(const model::config& cfg, const std::vector<node_spec>& nodes,
+                               const std::vector<const node_spec*>& avail, strategy st,
+                               const placement_options& opt) {
+  const int n_avail = static_cast<int>(avail.size());
+  const int L = cfg.n_layers;
+  const std::string name = to_string(st);
+  if (!cfg.moe())
+    return make_error("--topology " + name +
+                      ": expert parallelism needs a mixture-of-experts model; this model is dense (0 experts)");
+  const int E = st.experts, R = st.expert_replicas;
+  if (E < 1) return make_error("--topology " + name + ": E (expert nodes per stage) must be at least 1");
+  if (E > cfg.n_experts)
+    return make_error("--topology " + name + ": " + plural(E, "expert node", "expert nodes") +
+                      " per stage for a model of " + plural(cfg.n_experts, "expert", "experts") +
+                      " per layer (at most " + std::to_string(cfg.n_experts) + ")");
+  if (R < 1 || R > E)
+    return make_error("--expert-replicas " + std::to_string(R) + ": expected 1.." + std::to_string(E) +
+                      " (each expert on R distinct expert nodes of its stage; " + name + " has " +
+                      plural(E, "expert node", "expert nodes") + " per stage)");
+  if (st.stages > L)
+    return make_error(name + ": pipeline of " + plural(st.stages, "stage", "stages") + " exceeds the model's " +
+                      plural(L, "layer", "layers"));
+  if (st.stages <= 0) st.stages = std::max(1, std::min(L, n_avail / (1 + E)));
+  const int P = st.stages;
+  st.tp = 1;
+  if (P * (1 + E) > n_avail)
+    return make_error(name + " needs " + plural(P * (1 + E), "node", "nodes") + " (" +
+                      plural(P, "stage shard", "stage shards") + " + " + std::to_string(P) + " x " +
+                      plural(E, "expert node", "expert nodes") + "), " + std::to_string(n_avail) + " available");
+  auto node_at = [&](int s, int j) -> const node_spec& { return *avail[static_cast<size_t>(s * (1 + E) + j)]; };
+  const int held_max = (cfg.n_experts * R + E - 1) / E;  // the fullest expert node on equal nodes
+
+  // Layers per stage: capacity = what both the stage shard and its fullest
+  // expert node can hold.
+  std::vector<range> layer_ranges;
+  if (P == 1) {
+    layer_ranges.push_back(range{0, L});
+  } else {
+    std::vector<double> weight(static_cast<size_t>(P)), tie(static_cast<size_t>(P));
+    std::vector<int> capacity(static_cast<size_t>(P));
+    const double d = cfg.dim, v = cfg.vocab_size;
+    for (int s = 0; s < P; ++s) {
+      const bool first = s == 0, last = s == P - 1;
+      auto fit = [](uint64_t budget, uint64_t fixed, uint64_t per_layer) {
+        return budget > fixed ? static_cast<long long>((budget - fixed) / std::max<uint64_t>(per_layer, 1)) : 0LL;
+      };
+      const int cls = last ? cfg.vocab_size : 0;
+      const memory_need f0 = shard_memory(cfg, opt, 0, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_dim, first, cls, 0);
+      const memory_need f1 = shard_memory(cfg, opt, 1, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_dim, first, cls, 0);
+      long long cap = std::min<long long>(L, fit(node_at(s, 0).prof.memory_bytes, f0.total(), f1.total() - f0.total()));
+      uint64_t min_budget = node_at(s, 0).prof.memory_bytes;
+      const memory_need e0 = expert_node_memory(cfg, opt, 0, held_max);
+      const memory_need e1 = expert_node_memory(cfg, opt, 1, held_max);
+      for (int j = 1; j <= E; ++j) {
+        cap = std::min(cap, fit(node_at(s, j).prof.memory_bytes, e0.total(), e1.total() - e0.total()));
+        min_budget = std::min(min_budget, node_at(s, j).prof.memory_bytes);
+      }
+      weight[static_cast<size_t>(s)] = static_cast<double>(min_budget);
+      capacity[static_cast<size_t>(s)] = static_cast<int>(cap);
+      tie[static_cast<size_t>(s)] = (first ? d : 0.0) + (last ? d + v * d : 0.0);
+    }
+    auto split = split_weighted(L, weight, capacity, tie);
+    if (!split) {
+      std::vector<int> at_least_one = capacity;
+      for (int& c : at_least_one) c = std::max(c, 1);
+      split = split_weighted(L, weight, at_least_one, tie);
+      if (!split) split = split_weighted(L, weight, {}, tie);
+    }
+    if (!split) return split.err();
+    layer_ranges = std::move(split.value());
+  }
+
+  placement p;
+  p.strat = st;
+  p.config = cfg;
+  p.options = opt;
+  std::vector<bool> used(nodes.size(), false);
+  const range all_kv{0, cfg.n_kv_heads}, all_heads{0, cfg.n_heads}, all_ffn{0, cfg.hidden_dim};
+  for (int s = 0; s < P; ++s) {
+    stage sg;
+    sg.index = s;
+    sg.layers = layer_ranges[static_cast<size_t>(s)];
+    const int nl = sg.layers.size();
+    // The stage shard: attention, router, shared expert (+ embedding / classifier).
+    {
+      const node_spec& n = node_at(s, 0);
+      used[static_cast<size_t>(&n - nodes.data())] = true;
+      shard sh;
+      sh.index = static_cast<int>(p.shards.size());
+      sh.node = n.index;
+      sh.profile = n.prof.name;
+      sh.budget_bytes = n.prof.memory_bytes;
+      sh.stage = s;
+      sh.layers = sg.layers;
+      sh.has_embedding = s == 0;
+      sh.has_classifier = s == P - 1;
+      if (sh.has_classifier) sh.vocab = range{0, cfg.vocab_size};
+      sh.kv_heads = all_kv;
+      sh.heads = all_heads;
+      sh.ffn = all_ffn;
+      sh.routed = false;
+      sh.memory = shard_memory(cfg, opt, nl, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_dim, sh.has_embedding,
+                               sh.has_classifier ? cfg.vocab_size : 0, 0);
+      sg.shards.push_back(sh.index);
+      p.shards.push_back(std::move(sh));
+    }
+    // Its expert nodes and who holds which expert.
+    std::vector<uint64_t> budgets;
+    for (int j = 1; j <= E; ++j) budgets.push_back(node_at(s, j).prof.memory_bytes);
+    const memory_need fixed = expert_node_memory(cfg, opt, nl, 0);
+    const uint64_t per_expert = expert_node_memory(cfg, opt, nl, 1).weights;
+    const auto holders = assign_experts(cfg.n_experts, R, budgets, per_expert, fixed.total());
+    const int first_expert_index = static_cast<int>(p.shards.size());
+    for (int j = 1; j <= E; ++j) {
+      const node_spec& n = node_at(s, j);
+      used[static_cast<size_t>(&n - nodes.data())] = true;
+      shard sh;
+      sh.index = static_cast<int>(p.shards.size());
+      sh.node = n.index;
+      sh.profile = n.prof.name;
+      sh.budget_bytes = n.prof.memory_bytes;
+      sh.stage = s;
+      sh.rank = j;
+      sh.layers = sg.layers;
+      sh.ffn = all_ffn;
+      sh.kv_heads = all_kv;  // a slice spec needs them; an expert node loads no attention (model::slice_spec)
+      sh.heads = all_heads;
+      sh.expert_node = true;
+      for (int e = 0; e < cfg.n_experts; ++e) {
+        const auto& h = holders[static_cast<size_t>(e)];
+        if (std::find(h.begin(), h.end(), j - 1) != h.end()) sh.experts.push_back(e);
+      }
+      sh.memory = expert_node_memory(cfg, opt, nl, static_cast<int>(sh.experts.size()));
+      sg.shards.push_back(sh.index);
+      sg.expert_nodes.push_back(sh.index);
+      p.shards.push_back(std::move(sh));
+    }
+    for (const auto& h : holders) {
+      std::vector<int> idx;
+      for (int j : h) idx.push_back(first_expert_index + j);
+      sg.holders.push_back(std::move(idx));
+    }
+    p.stages.push_back(std::move(sg));
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (used[i]) continue;
+    p.spares.push_back(spare_node{static_cast<int>(p.shards.size() + p.spares.size()), nodes[i].index,
+                                  nodes[i].prof.name, nodes[i].prof.memory_bytes});
+  }
+
+  // Exchange steps of one position.
+  const uint64_t x_bytes = static_cast<uint64_t>(cfg.dim) * sizeof(float);
+  const uint64_t k = static_cast<uint64_t>(cfg.n_experts_used);
+  p.steps.push_back(exchange_step{exchange_kind::token_to_embedding, 0, -1, {}, {p.stages.front().shards[0]},
+                                  sizeof(int32_t)});
+  for (const stage& sg : p.stages) {
+    const std::vector<int> head{sg.shards[0]};
+    for (int l = sg.layers.begin; l < sg.layers.end; ++l) {
+      // Each position's xb to the holder of each of its k experts (at most k
+      // messages' worth), and k outputs back.
+      p.steps.push_back(exchange_step{exchange_kind::expert_dispatch, sg.index, l, head, sg.expert_nodes, k * x_bytes});
+      p.steps.push_back(exchange_step{exchange_kind::expert_combine, sg.index, l, sg.expert_nodes, head, k * x_bytes});
+    }
+    if (sg.index + 1 < P)
+      p.steps.push_back(exchange_step{exchange_kind::send_activations, sg.index, -1, head,
+                                      {p.stages[static_cast<size_t>(sg.index + 1)].shards[0]}, x_bytes});
+  }
+  p.steps.push_back(exchange_step{exchange_kind::logits_to_session, P - 1, -1, {p.stages.back().shards[0]}, {},
+                                  static_cast<uint64_t>(cfg.vocab_size) * sizeof(float)});
+
+  for (shard& sh : p.shards) {
+    auto prog = shard_program(p, sh.index);
+    if (!prog) return prog.err();
+    sh.program = std::move(prog.value());
+  }
+  if (opt.check_memory) {
+    if (auto ok = check_memory(p); !ok) return ok.err();
+  }
+  return p;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // place()
@@ -317,6 +593,7 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
                       ", all spares)");
   }
   const std::string nodes_text = std::to_string(n_avail) + " available";
+  if (strat.kind == strategy_kind::expert) return place_expert(cfg, nodes, avail, strat, opt);
 
   // Resolve P and T and check the limits (DESIGN.md "Limits of a split").
   strategy st = strat;
@@ -356,6 +633,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       if (st.stages * st.tp > n_avail) {
         return make_error(to_string(st) + " needs " + plural(st.stages * st.tp, "node", "nodes") + ", " + nodes_text);
       }
+      break;
+    case strategy_kind::expert:  // place_expert
       break;
   }
   if (st.tp > cfg.hidden_dim) {
@@ -515,13 +794,47 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index) {
   const stage& sg = p.stages[static_cast<size_t>(sh.stage)];
   const bool last = sh.stage + 1 == static_cast<int>(p.stages.size());
   std::vector<shard_step> prog;
+  // The stage's group (TP ranks; the stage shard alone under expert placement).
+  auto group_of = [&](const stage& g) {
+    std::vector<int> out;
+    for (int i : g.shards)
+      if (!p.shards[static_cast<size_t>(i)].expert_node) out.push_back(i);
+    return out;
+  };
+  if (sh.expert_node) {
+    shard_step x;
+    x.op = shard_op::expert;
+    x.layers = sh.layers;
+    x.experts = sh.experts;
+    x.peers = group_of(sg);
+    prog.push_back(std::move(x));
+    return prog;
+  }
+  const std::vector<int> group = group_of(sg);
   if (sh.has_embedding) {
     shard_step e;
     e.op = shard_op::embed;
-    e.peers = sg.shards;
+    e.peers = group;
     prog.push_back(std::move(e));
   }
-  if (sg.shards.size() == 1) {
+  if (!sg.expert_nodes.empty()) {
+    for (int l = sh.layers.begin; l < sh.layers.end; ++l) {
+      shard_step c;
+      c.op = shard_op::compute;
+      c.layers = range{l, l + 1};
+      c.part = layer_part::attention;
+      prog.push_back(c);
+      for (shard_op op : {shard_op::dispatch, shard_op::combine}) {
+        shard_step d;
+        d.op = op;
+        d.layers = range{l, l + 1};
+        d.part = layer_part::ffn;
+        d.peers = sg.expert_nodes;
+        d.holders = sg.holders;
+        prog.push_back(std::move(d));
+      }
+    }
+  } else if (group.size() == 1) {
     shard_step c;
     c.op = shard_op::compute;
     c.layers = sh.layers;
@@ -548,7 +861,7 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index) {
   if (!last && sh.rank == 0) {
     shard_step f;
     f.op = shard_op::forward;
-    f.peers = p.stages[static_cast<size_t>(sh.stage + 1)].shards;
+    f.peers = group_of(p.stages[static_cast<size_t>(sh.stage + 1)]);
     prog.push_back(std::move(f));
   }
   if (last && sh.has_classifier) {
@@ -565,9 +878,34 @@ result<void> check_program(const shard& s, const std::vector<shard_step>& progra
     return make_error("program of placement index " + std::to_string(s.index) + ", op " + std::to_string(i) +
                       " (" + (i < program.size() ? to_string(program[i]) : std::string("end")) + "): " + what);
   };
+  if (s.expert_node) {
+    if (program.size() != 1 || program[0].op != shard_op::expert)
+      return bad(program.empty() ? 0 : (program[0].op != shard_op::expert ? 0 : 1),
+                 "an expert node's program is one expert op");
+    const shard_step& op = program[0];
+    if (op.layers != s.layers)
+      return bad(0, "expert layers " + to_string(op.layers) + " differ from the node's " + to_string(s.layers));
+    if (op.experts != s.experts || op.experts.empty())
+      return bad(0, "the experts served differ from the ones the node holds (or are none)");
+    if (op.peers.empty()) return bad(0, "an expert node serves no stage shard");
+    return {};
+  }
   int next_layer = s.layers.begin;
   bool in_attention_done = false;  // a partial attention half of next_layer is done (its FFN is next)
   bool finished = false;           // forward or classify seen
+  // A dispatch (and combine) is well formed: peers, one holder list per
+  // expert, each naming peers.
+  auto check_holders = [&](size_t i, const shard_step& op) -> std::string {
+    if (op.peers.empty() || op.holders.empty()) return "names no expert node or no holders";
+    for (size_t e = 0; e < op.holders.size(); ++e) {
+      if (op.holders[e].empty()) return "expert " + std::to_string(e) + " has no holder";
+      for (int h : op.holders[e])
+        if (std::find(op.peers.begin(), op.peers.end(), h) == op.peers.end())
+          return "expert " + std::to_string(e) + "'s holder " + std::to_string(h) + " is not among its peers";
+    }
+    (void)i;
+    return {};
+  };
   for (size_t i = 0; i < program.size(); ++i) {
     const shard_step& op = program[i];
     if (finished && op.op != shard_op::classify && op.op != shard_op::forward)
@@ -582,6 +920,19 @@ result<void> check_program(const shard& s, const std::vector<shard_step>& progra
         if (op.layers.empty() || op.layers.begin != next_layer || op.layers.end > s.layers.end)
           return bad(i, "expected layers from " + std::to_string(next_layer) + " within the shard's " +
                             to_string(s.layers));
+        if (!op.partial && op.part == layer_part::attention) {
+          // Expert placement: the attention of one layer, then its dispatch and combine.
+          if (in_attention_done || op.layers.size() != 1)
+            return bad(i, "an attention-only compute covers one whole layer");
+          const bool moe_next = i + 2 < program.size() && program[i + 1].op == shard_op::dispatch &&
+                                program[i + 2].op == shard_op::combine && program[i + 1].layers == op.layers &&
+                                program[i + 2].layers == op.layers;
+          if (!moe_next) return bad(i, "an attention-only compute must be followed by the dispatch and combine of its layer");
+          in_attention_done = true;
+          break;
+        }
+        if (!op.partial && !s.routed)
+          return bad(i, "the shard holds no routed experts: its FFN halves are dispatched, not computed");
         if (!op.partial) {
           if (in_attention_done || op.part != layer_part::both)
             return bad(i, "a whole (not partial) compute covers both halves of whole layers");
@@ -624,9 +975,24 @@ result<void> check_program(const shard& s, const std::vector<shard_step>& progra
                                                    to_string(s.vocab));
         finished = true;
         break;
-      case shard_op::dispatch:
-      case shard_op::combine:
-        return bad(i, "no runtime executes " + to_string(op.op) + " yet");
+      case shard_op::dispatch: {
+        if (i == 0 || program[i - 1].op != shard_op::compute || program[i - 1].partial ||
+            program[i - 1].part != layer_part::attention || program[i - 1].layers != op.layers)
+          return bad(i, "a dispatch follows the attention-only compute of its layer");
+        if (auto why = check_holders(i, op); !why.empty()) return bad(i, why);
+        break;
+      }
+      case shard_op::combine: {
+        if (i == 0 || program[i - 1].op != shard_op::dispatch || program[i - 1].layers != op.layers)
+          return bad(i, "a combine follows the dispatch of its layer");
+        if (op.peers != program[i - 1].peers || op.holders != program[i - 1].holders)
+          return bad(i, "a combine gathers from other expert nodes than its dispatch sent to");
+        in_attention_done = false;
+        next_layer = op.layers.end;
+        break;
+      }
+      case shard_op::expert:
+        return bad(i, "only an expert node runs an expert op");
       case shard_op::count:
         return bad(i, "not an op");
     }
@@ -649,6 +1015,7 @@ std::string to_string(shard_op op) {
     case shard_op::classify: return "classify";
     case shard_op::dispatch: return "dispatch";
     case shard_op::combine: return "combine";
+    case shard_op::expert: return "expert";
     case shard_op::count: break;
   }
   return "?";
@@ -707,6 +1074,14 @@ std::string to_string(const shard_step& s) {
     case shard_op::classify:
       out += " rows " + to_string(s.vocab);
       break;
+    case shard_op::dispatch:
+    case shard_op::combine:
+      out += " layer " + std::to_string(s.layers.begin) + (s.op == shard_op::dispatch ? " to " : " from ") +
+             list_of(s.peers) + " (holders " + holders_text(s.holders) + ")";
+      break;
+    case shard_op::expert:
+      out += " layers " + to_string(s.layers) + " experts " + set_of(s.experts) + " for " + list_of(s.peers);
+      break;
     default:
       break;
   }
@@ -721,6 +1096,8 @@ std::string to_string(exchange_kind k) {
     case exchange_kind::all_reduce_ffn: return "all-reduce after FFN";
     case exchange_kind::send_activations: return "send activations";
     case exchange_kind::logits_to_session: return "logits to session";
+    case exchange_kind::expert_dispatch: return "expert dispatch";
+    case exchange_kind::expert_combine: return "expert combine";
     case exchange_kind::count: break;
   }
   return "?";
@@ -732,6 +1109,10 @@ std::string to_string(const exchange_step& s) {
     case exchange_kind::all_reduce_attention:
     case exchange_kind::all_reduce_ffn:
       out += ", layer " + std::to_string(s.layer) + ", over " + list_of(s.from);
+      break;
+    case exchange_kind::expert_dispatch:
+    case exchange_kind::expert_combine:
+      out += ", layer " + std::to_string(s.layer) + ": " + list_of(s.from) + " -> " + list_of(s.to);
       break;
     case exchange_kind::send_activations:
       out += ", stage " + std::to_string(s.stage) + " -> " + std::to_string(s.stage + 1) + ": " + list_of(s.from) +
@@ -746,8 +1127,12 @@ std::string to_string(const exchange_step& s) {
 
 std::string to_string(const placement& p) {
   const model::config& c = p.config;
+  const bool moe_placement = p.strat.kind == strategy_kind::expert;
   std::string out = "placement " + to_string(p.strat) + ": " + plural(static_cast<int>(p.stages.size()), "stage", "stages") +
-                    " x " + std::to_string(p.strat.tp) + " = " + plural(static_cast<int>(p.shards.size()), "shard", "shards") +
+                    (moe_placement ? " x (1 + " + std::to_string(p.strat.experts) + " expert nodes, " +
+                                         plural(p.strat.expert_replicas, "replica", "replicas") + " of each expert)"
+                                   : " x " + std::to_string(p.strat.tp)) +
+                    " = " + plural(static_cast<int>(p.shards.size()), "shard", "shards") +
                     ", " + plural(static_cast<int>(p.spares.size()), "spare", "spares") + "\n";
   out += "model: dim " + std::to_string(c.dim) + ", hidden " + std::to_string(c.hidden_dim) + ", " +
          plural(c.n_layers, "layer", "layers") + ", " + plural(c.n_heads, "head", "heads") + ", " +
@@ -758,10 +1143,18 @@ std::string to_string(const placement& p) {
   rows.push_back({"index", "node", "profile", "role", "layers", "heads", "kv heads", "ffn units", "holds",
                   "memory need / budget"});
   for (const shard& s : p.shards) {
+    if (s.expert_node) {
+      rows.push_back({std::to_string(s.index), std::to_string(s.node), s.profile, role_of(s, p.strat),
+                      to_string(s.layers), "-", "-", to_string(s.ffn), "experts " + set_of(s.experts),
+                      format_in(s.memory.total(), report_unit(s.memory.total())) + " / " +
+                          format_bytes(s.budget_bytes) + (s.fits() ? "" : "  DOES NOT FIT")});
+      continue;
+    }
     std::string holds = s.has_embedding ? "embedding" : "";
     if (s.has_classifier)
       holds += std::string(holds.empty() ? "" : "+") + "classifier" +
                (s.vocab.size() == c.vocab_size ? std::string() : " " + to_string(s.vocab));
+    if (!s.routed) holds += std::string(holds.empty() ? "" : "+") + "router+shared";
     if (holds.empty()) holds = "-";
     rows.push_back({std::to_string(s.index), std::to_string(s.node), s.profile, role_of(s, p.strat),
                     to_string(s.layers), to_string(s.heads), to_string(s.kv_heads), to_string(s.ffn), holds,
@@ -795,6 +1188,19 @@ std::string to_string(const placement& p) {
       }
       continue;
     }
+    if (s.kind == exchange_kind::expert_dispatch) {
+      const stage& sg = p.stages[static_cast<size_t>(s.stage)];
+      out += "  stage " + std::to_string(s.stage) + ", layers " + to_string(sg.layers) + ": expert dispatch " +
+             list_of(s.from) + " -> the holders of the chosen experts among " + list_of(s.to) +
+             " and combine back (" + std::to_string(s.bytes_per_position) +
+             " B each way: xb per chosen expert, its output back), " +
+             plural(sg.layers.size(), "time", "times") + "\n";
+      while (i + 1 < p.steps.size() && (p.steps[i + 1].kind == exchange_kind::expert_dispatch ||
+                                        p.steps[i + 1].kind == exchange_kind::expert_combine) &&
+             p.steps[i + 1].stage == s.stage)
+        ++i;
+      continue;
+    }
     out += "  " + to_string(s) + "\n";
   }
   // Each shard's program; a TP group's four ops per layer shown once per range.
@@ -810,6 +1216,17 @@ std::string to_string(const placement& p) {
                 to_string(sh.program[i + 1].algorithm) + "), compute ffn (partial), reduce";
         while (i + 1 < sh.program.size() &&
                (sh.program[i + 1].op == shard_op::compute || sh.program[i + 1].op == shard_op::reduce))
+          ++i;
+        continue;
+      }
+      if (op.op == shard_op::compute && !op.partial && op.part == layer_part::attention &&
+          op.layers.begin == sh.layers.begin && i + 2 < sh.program.size()) {
+        line += std::string(line.empty() ? "" : "; ") + "per layer of " + to_string(sh.layers) +
+                ": compute attention, dispatch to " + list_of(sh.program[i + 1].peers) + ", combine (holders " +
+                holders_text(sh.program[i + 1].holders) + ")";
+        while (i + 1 < sh.program.size() &&
+               (sh.program[i + 1].op == shard_op::compute || sh.program[i + 1].op == shard_op::dispatch ||
+                sh.program[i + 1].op == shard_op::combine))
           ++i;
         continue;
       }

@@ -25,9 +25,25 @@
 // - hybrid:PxT: P pipeline stages, each a TP group of T shards; layers split
 //   as for pipeline, with weight = the smallest budget in the group and
 //   capacity = the layers every rank of the group can hold.
+// - expert (issue #23): "pipeline:P,expert:E" (or "expert:E" = pipeline:1,
+//   expert:E), mixture-of-experts models only. P stages, each one stage shard
+//   (a group of one: attention, router and shared expert of its layers, and the
+//   embedding / classifier as for pipeline) plus E expert nodes that hold the
+//   routed experts of the stage's layers and nothing else: P + P x E nodes.
+//   Every expert of a stage is held by R = strategy::expert_replicas distinct
+//   expert nodes of that stage (1 <= R <= E), the same experts for every layer
+//   of the stage. Assignment (assign_experts): experts in index order, replica
+//   j of expert e to expert node (e + j) mod E of the stage (round-robin)
+//   when that node has room left for it (budget minus the experts given so
+//   far) and does not hold it yet, else to the node with the most room left:
+//   equal nodes get round-robin, smaller nodes fewer experts.
+//   Layers split as for pipeline, with capacity = the layers both the stage
+//   shard and its fullest expert node can hold.
 // Nodes are taken in node-spec order (spare-flagged ones skipped): stage s,
-// rank r -> the (s * T + r)-th available node.
-// Limits: stages <= layers, T <= KV heads, P*T <= available nodes, T <= FFN units.
+// rank r -> the (s * T + r)-th available node; expert placement: stage s's
+// shard, then its E expert nodes -> the next 1 + E available nodes.
+// Limits: stages <= layers, T <= KV heads, P*T <= available nodes, T <= FFN units;
+// expert: E <= experts, R <= E, P x (1 + E) <= available nodes.
 //
 // Where the embedding and the classifier live (every strategy): rank 0 of the
 // first stage holds the token embedding table; every rank of the last stage
@@ -45,7 +61,24 @@
 // After a stage's last all-reduce every rank has x; rank 0 forwards it.
 //
 // Placement index (CLI.md `--fault node=N`): stage-major, then rank within the
-// TP group, spares last (shards.size() + position in `spares`).
+// TP group (expert placement: the stage shard, then its expert nodes), spares
+// last (shards.size() + position in `spares`).
+//
+// Expert placement, what runs where (per MoE layer l of stage s, per step):
+// the stage shard runs `compute [l,l+1) attention` (x += its output, a group of
+// one), then `dispatch layer l`: on its worker rmsnorm(x) -> xb, the router,
+// softmax and top-k (model/moe.hpp route), and the shared expert's output;
+// then for every chosen (position, expert) pair it sends xb to one live
+// holder of that expert (holders[e], first live one from a start that rotates
+// with the position, spreading load over replicas); only the expert nodes so
+// named compute. `combine layer l` waits for every pair's expert output and
+// adds, per position, w_0 y_0 + w_1 y_1 + ... in the router's chosen order
+// (exactly model::moe_ffn's order on one node), then the shared expert's
+// output, and x += that sum: ids are bit-identical to one node. An expert
+// node's program is one op, `expert layers [a,b) holding {e...}`: for every
+// request it computes each asked (row, expert) pair's SwiGLU and returns the
+// outputs in the request's order. Expert nodes hold no per-session state (no
+// KV cache): a request can be re-sent to a replica or a restarted node.
 //
 // Memory of a shard (bytes; all matrices in options.weights' format, RMSNorm
 // vectors always f32, KV cache f32):
@@ -57,6 +90,10 @@
 //   KV cache = sessions x 2 x layers x context x (kv heads in shard x head_size) x 4
 //   buffers  = sessions x 4 x (3 dim + 2 dim message in/out + q + k + v
 //             + att (heads in shard x context) + 2 FFN slice + its vocab slice)
+//   (expert placement) stage shard: the above with no routed expert matrices
+//   (router, shared expert and biases stay); expert node:
+//   weights  = layers x held experts x (w1 + w3 + w2 of one whole expert)
+//   KV cache = 0; buffers = sessions x 4 x (2 dim + 2 hidden) (one row in, out)
 // For one shard holding everything in f32 this is config.total_params() x 4
 // weights and config.kv_cache_bytes(context) KV cache. q8_0 matrices are
 // counted as ggml blocks (34 bytes per 32 weights, each row of a slice padded
@@ -84,19 +121,23 @@ namespace cellshard::topologies {
 // ---------------------------------------------------------------------------
 // Inputs
 
-enum class strategy_kind { pipeline, tensor, hybrid };
+enum class strategy_kind { pipeline, tensor, hybrid, expert };
 
 /// A topology as `--topology` names it. 0 in `stages` or `tp` means "as many
 /// as the model and the nodes allow" (pipeline: tp = 1; tensor: stages = 1).
 struct strategy {
   strategy_kind kind = strategy_kind::pipeline;
   int stages = 0;  // P
-  int tp = 0;      // T: shards per stage
+  int tp = 0;      // T: shards per stage (1 for expert)
+  int experts = 0;          // expert: E, expert nodes per stage
+  int expert_replicas = 1;  // expert: R, expert nodes holding each expert (--expert-replicas)
 };
-/// Parses "pipeline", "pipeline:S", "tensor", "tensor:T", "hybrid:PxT".
-/// "expert" is rejected here (the planner models it; no runtime placement).
+/// Parses "pipeline", "pipeline:S", "tensor", "tensor:T", "hybrid:PxT",
+/// "expert:E" (= pipeline:1,expert:E) and "pipeline[:P],expert:E".
+/// expert_replicas stays 1 (the caller sets --expert-replicas).
 result<strategy> parse_strategy(std::string_view text);
-/// "pipeline", "pipeline:5", "tensor:4", "hybrid:2x2".
+/// "pipeline", "pipeline:5", "tensor:4", "hybrid:2x2", "expert:4",
+/// "pipeline:2,expert:4" (replicas are not part of the text).
 std::string to_string(const strategy& s);
 
 /// How weight matrices are stored: bytes_per_weight for every weight, rows
@@ -208,11 +249,12 @@ enum class shard_op {
   reduce,    // x += the sum of `peers`' partials of (layer, part), by `algorithm` in `peers`' order
   forward,   // x to `peers` (every shard of the next stage), kept in the replay log
   classify,  // the logits of rows `vocab` for the step's last position, to the session
-  dispatch,  // mixture of experts: tokens to the shards of their experts (not placed yet: reserved)
-  combine,   // mixture of experts: the experts' outputs back, weighted (not placed yet: reserved)
+  dispatch,  // MoE layer `layers`: rmsnorm, router, top-k, shared expert; xb of each chosen (position, expert) to a holder
+  combine,   // MoE layer `layers`: x += the chosen experts' outputs, weighted, in chosen order, + the shared expert's
+  expert,    // expert node: serve expert requests for `layers` and the held `experts`
   count
 };
-static_assert(static_cast<int>(shard_op::count) == 7, "update to_string(shard_op)");
+static_assert(static_cast<int>(shard_op::count) == 8, "update to_string(shard_op)");
 
 /// Which half of a transformer layer a compute or reduce covers.
 enum class layer_part { both, attention, ffn };
@@ -234,6 +276,12 @@ struct shard_step {
   /// reduce sums their partials in this order (the group in rank order).
   std::vector<int> peers;
   range vocab;  // classify: classifier rows [v0, v1)
+  /// dispatch/combine: holders[e] = the placement indices of the expert
+  /// nodes holding expert e (R of them, preference order); `peers` is the
+  /// stage's expert nodes. expert: `experts` = the routed experts it holds
+  /// (ascending), `peers` = its stage shard.
+  std::vector<std::vector<int>> holders;
+  std::vector<int> experts;
 };
 
 /// One shard: what one node computes.
@@ -252,6 +300,12 @@ struct shard {
   range kv_heads;       // [kv0, kv1)
   range heads;          // query heads [kv0 * kv_mul, kv1 * kv_mul)
   range ffn;            // FFN hidden units [f0, f1)
+  /// Expert placement: an expert node holds only the routed experts
+  /// `experts` (ascending; whole experts, every layer of `layers`); a stage
+  /// shard holds no routed expert (`routed` false).
+  bool expert_node = false;
+  bool routed = true;
+  std::vector<int> experts;
   memory_need memory;
   /// Its program for every step (shard_program): set by place().
   std::vector<shard_step> program;
@@ -261,7 +315,13 @@ struct shard {
 struct stage {
   int index = 0;
   range layers;
-  std::vector<int> shards;  // placement indices in rank order
+  /// Placement indices in placement order: the TP group in rank order, then
+  /// (expert placement) the stage's expert nodes.
+  std::vector<int> shards;
+  /// Expert placement: the expert nodes (placement indices) and, per routed
+  /// expert e, the expert nodes holding it (preference order). Empty otherwise.
+  std::vector<int> expert_nodes;
+  std::vector<std::vector<int>> holders;
 };
 
 /// The kinds of exchange in one position's forward pass.
@@ -272,9 +332,11 @@ enum class exchange_kind {
   all_reduce_ffn,        // layer l, within a TP group: sum of the partial w2 outputs
   send_activations,      // rank 0 of stage s -> every shard of stage s+1: x (dim floats)
   logits_to_session,     // last stage's ranks -> session: each its vocab slice of the logits
+  expert_dispatch,       // layer l, stage shard -> holders of the chosen experts: xb (dim floats per chosen expert)
+  expert_combine,        // layer l, those expert nodes -> stage shard: each chosen expert's output (dim floats)
   count
 };
-static_assert(static_cast<int>(exchange_kind::count) == 6, "update to_string(exchange_kind)");
+static_assert(static_cast<int>(exchange_kind::count) == 8, "update to_string(exchange_kind)");
 
 /// One exchange, as data. `from`/`to` hold placement indices; an empty list
 /// is the session. For the all-reduces from == to == the group in rank order,
@@ -335,8 +397,13 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
 ///     reduce{[l,l+1), attention, over the group in rank order, by
 ///     options.reduce},
 ///     then the same for the FFN;
-///   forward (rank 0 of a stage with a next stage: to every shard of it), or
-///   classify (every rank of the last stage: its vocabulary rows).
+///   a stage shard of an expert placement: for each layer l,
+///     compute{[l,l+1), attention, not partial}, dispatch{[l,l+1), to the
+///     stage's expert nodes, holders}, combine{the same};
+///   forward (rank 0 of a stage with a next stage: to the next stage's shard
+///   -- its rank-0 shards, never expert nodes), or classify (every rank of the
+///   last stage: its vocabulary rows);
+///   an expert node: expert{its layers, its experts, peers = its stage shard}.
 /// Errors: an index that names no shard.
 result<std::vector<shard_step>> shard_program(const placement& p, int index);
 
@@ -346,16 +413,33 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index);
 /// followed by the reduce of that half over peers that include the shard; an
 /// embed only on the embedding holder and only first; classify only on a
 /// classifier holder with its own vocabulary rows; no op after forward or
-/// classify other than classify; dispatch and combine are refused (no
-/// runtime executes them yet). Errors name the op's position and what was
-/// expected.
+/// classify other than classify; a whole attention-only compute of one layer
+/// is followed by the dispatch and combine of that layer (a routed-expert-free
+/// stage shard), each naming a holder list per expert; an expert node's
+/// program is exactly one expert op over its layers and its experts. Errors
+/// name the op's position and what was expected.
 result<void> check_program(const shard& s, const std::vector<shard_step>& program);
 
 /// Memory of one shard (see the formula at the top of this file). `context`
 /// is taken from options (0 = cfg.seq_len). vocab_rows: the classifier rows
 /// the shard holds (0: no final norm and classifier).
+/// routed_experts: the routed experts held per layer (-1: all of them; 0: a
+/// stage shard of an expert placement).
 memory_need shard_memory(const model::config& cfg, const placement_options& options, int n_layers,
-                         int n_heads, int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows);
+                         int n_heads, int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows,
+                         int routed_experts = -1);
+
+/// Memory of an expert node holding `held_experts` whole routed experts of
+/// each of `n_layers` layers (see the top of this file).
+memory_need expert_node_memory(const model::config& cfg, const placement_options& options, int n_layers,
+                               int held_experts);
+
+/// Expert assignment of one stage (see the top of this file): holders[e] =
+/// positions in `budgets` (the stage's expert nodes) of the R nodes holding
+/// expert e, preference order. `per_expert` = bytes of one expert over the
+/// stage's layers, `fixed` = each node's bytes besides its experts.
+std::vector<std::vector<int>> assign_experts(int n_experts, int replicas, const std::vector<uint64_t>& budgets,
+                                             uint64_t per_expert, uint64_t fixed);
 
 /// Success when every shard fits; otherwise one line per shard that does not:
 /// "node 2 (ps3, 256 MiB): shard needs 412.3 MiB (weights 380.1 MiB + KV cache
