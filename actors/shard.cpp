@@ -89,10 +89,13 @@ using clock_type = std::chrono::steady_clock;
 /// (moe_tmo, session, epoch, pos0, layer, seq). Self-sent only.
 using moe_tmo_atom = caf::atom_constant<caf::atom("cs_moetmo")>;
 /// How long an expert request may go unanswered before the stage shard
-/// re-dispatches it to a live replica (or re-sends it, a lost message),
-/// doubled per attempt; and the attempts before the step is given back to
-/// the session (shard_error with retry).
-constexpr std::chrono::milliseconds expert_timeout{1000};
+/// re-dispatches it to another holder (a live replica; the same node again
+/// when it has none: a lost message), doubled per attempt; and the attempts
+/// before the step is given back to the session (shard_error with retry).
+/// Shorter than the heartbeat detector's verdict on a silent node (~0.4-0.8 s
+/// here), so a replica takes over first; an answer that was only late is
+/// harmless (the first of identical outputs counts).
+constexpr std::chrono::milliseconds expert_timeout{300};
 constexpr int expert_max_attempts = 6;
 
 int64_t since_ns(clock_type::time_point t0) {
@@ -178,6 +181,9 @@ struct shard_state {
   // (down, or silent past a request's timeout) until their next wiring; the
   // expert actors it watches; request numbers; metrics.
   std::set<int> expert_down;
+  // Expert nodes that let a request time out: avoided while another holder
+  // is up, until they answer anything or are rewired (slow is not dead).
+  std::set<int> expert_suspect;
   std::map<caf::actor_addr, int> expert_watch;
   uint32_t next_seq = 1;
   std::vector<uint64_t> expert_load;
@@ -629,11 +635,15 @@ bool run_reduce(shard_actor* self, uint64_t session, session_state& ss, const to
 /// that rotates with the position (spreading load over replicas), the first
 /// not taken for dead; all of them down: the first in that order (the request
 /// waits there until the node is rewired, then goes again).
-int choose_holder(const shard_state& st, const topologies::shard_step& op, int e, int32_t pos) {
+int choose_holder(const shard_state& st, const topologies::shard_step& op, int e, int32_t pos, int avoid = -1) {
   const auto& h = op.holders[static_cast<size_t>(e)];
   const int R = static_cast<int>(h.size());
   const int start = static_cast<int>(static_cast<uint32_t>(pos) % static_cast<uint32_t>(R));
   for (int j = 0; j < R; ++j) {
+    const int idx = h[static_cast<size_t>((start + j) % R)];
+    if (!st.expert_down.count(idx) && !st.expert_suspect.count(idx) && idx != avoid) return idx;
+  }
+  for (int j = 0; j < R; ++j) {  // only suspected or avoided ones are up: one of them again
     const int idx = h[static_cast<size_t>((start + j) % R)];
     if (!st.expert_down.count(idx)) return idx;
   }
@@ -682,14 +692,14 @@ void send_expert_request(shard_actor* self, session_state& ss, uint32_t seq) {
 /// Sends every slot still missing of `slots` to a holder chosen afresh
 /// (grouped per expert node, one request each).
 void dispatch_slots(shard_actor* self, session_state& ss, const topologies::shard_step& op,
-                    const std::vector<int>& slots, int attempts) {
+                    const std::vector<int>& slots, int attempts, int avoid = -1) {
   auto& st = self->state;
   const int k = st.init.weights->cfg().n_experts_used;
   std::map<int, std::vector<int>> by_node;
   for (int slot : slots) {
     if (ss.moe_have[static_cast<size_t>(slot)]) continue;
     const int e = ss.moe_ids[static_cast<size_t>(slot)];
-    by_node[choose_holder(st, op, e, ss.id.pos0 + slot / k)].push_back(slot);
+    by_node[choose_holder(st, op, e, ss.id.pos0 + slot / k, avoid)].push_back(slot);
   }
   for (auto& g : by_node) {
     const uint32_t seq = st.next_seq++;
@@ -701,9 +711,10 @@ void dispatch_slots(shard_actor* self, session_state& ss, const topologies::shar
   }
 }
 
-/// Request `seq` went unanswered or its node went down: its slots go to
-/// holders chosen afresh (a live replica when there is one).
-void redispatch(shard_actor* self, session_state& ss, uint32_t seq) {
+/// Request `seq` went unanswered (`avoid` = the node asked) or its node went
+/// down: its slots go to holders chosen afresh (a live replica when there is
+/// one).
+void redispatch(shard_actor* self, session_state& ss, uint32_t seq, int avoid = -1) {
   auto& st = self->state;
   auto it = ss.moe_out.find(seq);
   if (it == ss.moe_out.end() || ss.pc >= st.program.size()) return;
@@ -714,9 +725,10 @@ void redispatch(shard_actor* self, session_state& ss, uint32_t seq) {
   const int k = st.init.weights->cfg().n_experts_used;
   bool moved = false;
   for (int slot : rq.slots)
-    moved = moved || choose_holder(st, op, ss.moe_ids[static_cast<size_t>(slot)], ss.id.pos0 + slot / k) != rq.index;
+    moved = moved ||
+            choose_holder(st, op, ss.moe_ids[static_cast<size_t>(slot)], ss.id.pos0 + slot / k, avoid) != rq.index;
   if (moved) ++st.redispatched;
-  dispatch_slots(self, ss, op, rq.slots, rq.attempts + 1);
+  dispatch_slots(self, ss, op, rq.slots, rq.attempts + 1, avoid);
 }
 
 /// Posts the dispatch op's preparation (rmsnorm, router, top-k, shared
@@ -1132,6 +1144,7 @@ void rewire_experts(shard_actor* self, const wiring& before) {
     if (same) continue;
     renewed.insert(idx);
     st.expert_down.erase(idx);
+    st.expert_suspect.erase(idx);
     // The previous incarnation (taken away from a silent node) is no longer
     // this index: its death later says nothing about the new one.
     for (auto it = st.expert_watch.begin(); it != st.expert_watch.end();)
@@ -1490,6 +1503,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         if (silent()) return;
         auto& st = self->state;
         st.bytes_received += payload_bytes(o.y);
+        st.expert_suspect.erase(o.index);  // it answers: slow, not dead
         auto it = st.sessions.find(o.id.session);
         if (it == st.sessions.end()) return;
         auto& ss = it->second;
@@ -1538,10 +1552,11 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
                  true);
           return;
         }
-        // Silent past its timeout (or the message was lost): a replica if
-        // there is one, else the same node again.
-        st.expert_down.insert(rq->second.index);
-        redispatch(self, ss, seq);
+        // Silent past its timeout (or the message was lost): another holder
+        // for this request if there is one, else the same node again. The
+        // node is not taken for dead: only its down_msg or new wiring says so.
+        st.expert_suspect.insert(rq->second.index);
+        redispatch(self, ss, seq, rq->second.index);
       },
       [=](routed& r) {
         if (silent()) {

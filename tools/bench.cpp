@@ -178,6 +178,10 @@ void add_bench(CLI::App& app, int& status) {
       ->capture_default_str();
   cl->add_option("--large-config", co->large_config, "synth preset of the large model (stories15m|stories42m|stories110m)")
       ->capture_default_str();
+  cl->add_flag("--moe", co->moe,
+               "expert placements of a mixture of experts (-m, default moe-small-f32.gguf): tokens/s and bytes per "
+               "token for expert:E with and without replicas, and the stall of a killed expert node");
+  cl->add_option("--experts", co->experts, "expert nodes per stage for --moe")->delimiter(',')->capture_default_str();
   cl->add_option("--json", *json, "rows as JSON to FILE (- = stdout)");
   cl->callback([co, json, &status] {
     std::vector<bench_row> rows;

@@ -33,6 +33,12 @@ struct cluster_bench_options {
   /// baseline (issue #19).
   std::vector<std::string> reduces = {"direct", "scatter"};
   std::string large_config = "stories110m";  // synth preset of the large model
+  /// --moe (issue #23): instead of the above, expert placements of a mixture
+  /// of experts (the -m model; default ../shared/models/gguf/moe-small-f32.gguf):
+  /// expert:E for each of `experts`, with and without replicas, against one
+  /// node; then the stall of a crashed and a silenced expert node.
+  bool moe = false;
+  std::vector<int> experts = {1, 2, 4, 8};
 };
 
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows);

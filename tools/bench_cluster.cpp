@@ -69,7 +69,143 @@ encode_result measure_encoding(size_t floats, int reps) {
 
 }  // namespace
 
+namespace {
+
+/// bench cluster --moe (issue #23): see cluster_bench_options::moe.
+int run_moe_bench(const cluster_bench_options& o, std::vector<bench_row>& rows) {
+  std::string path = o.model;
+  if (path.empty()) {
+    const char* candidates[] = {"../shared/models/gguf/moe-small-f32.gguf", "/work/shared/models/gguf/moe-small-f32.gguf"};
+    for (const char* c : candidates)
+      if (std::FILE* f = std::fopen(c, "rb")) {
+        std::fclose(f);
+        path = c;
+        break;
+      }
+    if (path.empty()) throw cli_error("bench cluster --moe: give -m MODEL (a mixture of experts)", 2);
+  }
+  loaded_model lm = load_model(path, o.tokenizer);
+  const auto& cfg = lm.file->cfg();
+  if (!cfg.moe()) throw cli_error("bench cluster --moe: " + path + " is dense (0 experts)", 2);
+  struct measured {
+    double tok_s = 0, tpot = 0, bytes = 0, link_max = 0, share = 0, stall = 0;
+    bool ok = false;
+  };
+  auto run = [&](const std::string& topo, int nodes, int replicas, const std::vector<supervision::fault_plan>& faults,
+                 int spares) {
+    measured m;
+    actors::cluster_options co;
+    co.file = lm.file;
+    co.tok = lm.tok;
+    co.nodes = nodes;
+    co.spares = spares;
+    co.topology = topo;
+    co.expert_replicas = replicas;
+    co.kernels = o.kernels;
+    co.caf_threads = o.caf_threads;
+    co.faults = faults;
+    auto c = actors::cluster::start(co);
+    if (!c) {
+      std::fprintf(stderr, "skip %s R=%d: %s\n", topo.c_str(), replicas, c.message().c_str());
+      return m;
+    }
+    model::generation_params gp;
+    gp.steps = o.steps;
+    gp.sampling = {0.0f, 0.9f, 1};
+    std::vector<double> tps, tpot, share, stall;
+    int tokens = 0;
+    for (int r = 0; r < (faults.empty() ? o.reps : 1); ++r) {
+      auto out = (*c)->generate(gp);
+      if (!out || !out->ok) throw cli_error("bench run failed: " + (out ? out->error : out.message()));
+      tps.push_back(out->result.tokens_per_s);
+      tpot.push_back(median(out->result.step_ms));
+      share.push_back(actors::comm_share(*out));
+      const auto& s = out->result.step_ms;
+      if (!s.empty()) stall.push_back(*std::max_element(s.begin(), s.end()) - median(s));
+      tokens += static_cast<int>(out->result.ids.size()) - 1;
+      // The shards' counters add up over the runs: the first run's share.
+      if (r == 0)
+        if (auto rep = actors::make_run_report(**c, *out)) m.share = rep->moe_wait_share;
+    }
+    auto st = (*c)->stats();
+    if (!st) throw cli_error(st.message());
+    double total = 0;
+    for (const auto& s : *st)
+      for (size_t i = 0; i < s.link_to.size(); ++i) {
+        if (s.link_to[i] < 0 || s.link_to[i] == s.node) continue;  // the front end, itself
+        total += static_cast<double>(s.link_bytes[i]);
+        m.link_max = std::max(m.link_max, static_cast<double>(s.link_bytes[i]));
+      }
+    m.bytes = total / std::max(1, tokens);
+    m.link_max /= std::max(1, tokens);
+    m.tok_s = median(tps);
+    m.tpot = median(tpot);
+    m.stall = stall.empty() ? 0 : median(stall);
+    m.ok = true;
+    return m;
+  };
+  const measured one = run("pipeline:1", 1, 1, {}, 0);
+  std::fprintf(stderr, "  %s one node: %.1f tok/s, tpot %.3f ms\n", path.c_str(), one.tok_s, one.tpot);
+  for (int E : o.experts) {
+    if (E > cfg.n_experts) continue;
+    for (int R : {1, 2}) {
+      if (R > E) continue;
+      const std::string topo = "expert:" + std::to_string(E);
+      const measured m = run(topo, 1 + E, R, {}, 0);
+      if (!m.ok) continue;
+      bench_row row;
+      row.name = "cluster.moe.tokens_per_s";
+      row.params = {{"model", path}, {"topology", topo}, {"replicas", std::to_string(R)},
+                    {"steps", std::to_string(o.steps)}};
+      row.value = m.tok_s;
+      row.unit = "tok/s";
+      row.baseline = one.tok_s;
+      row.baseline_name = "one node (whole model), same run";
+      row.ratio = one.tok_s > 0 ? m.tok_s / one.tok_s : 0;
+      rows.push_back(row);
+      bench_row b = row;
+      b.name = "cluster.moe.bytes_per_token";
+      b.value = m.bytes;
+      b.unit = "B";
+      b.baseline = -1;
+      b.baseline_name = "";
+      b.ratio = 0;
+      rows.push_back(b);
+      std::fprintf(stderr,
+                   "  %-9s R=%d: %.1f tok/s (x%.2f of one node), tpot %.3f ms, %.0f B/token between nodes "
+                   "(busiest link %.0f), dispatch/combine share %.2f\n",
+                   topo.c_str(), R, m.tok_s, row.ratio, m.tpot, m.bytes, m.link_max, m.share);
+    }
+  }
+  // The stall a lost expert node causes: crash and silence of expert node 1
+  // (placement index 2) at position steps/2, without and with a replica.
+  const int at = std::max(8, o.steps / 2);
+  for (const char* kind : {"crash", "silence"})
+    for (int R : {1, 2}) {
+      auto plan = supervision::parse_fault_spec(std::string(kind) + ":node=2:step=" + std::to_string(at));
+      if (!plan) throw cli_error(plan.message());
+      const measured m = run("expert:2", 3, R, {*plan}, 1);
+      if (!m.ok) continue;
+      bench_row row;
+      row.name = "cluster.moe.stall";
+      row.params = {{"model", path}, {"topology", "expert:2"}, {"replicas", std::to_string(R)}, {"fault", kind},
+                    {"position", std::to_string(at)}};
+      row.value = m.stall;
+      row.unit = "ms";
+      row.baseline = m.tpot;
+      row.baseline_name = "median token time of the same run";
+      row.ratio = m.tpot > 0 ? m.stall / m.tpot : 0;
+      rows.push_back(row);
+      std::fprintf(stderr, "  expert:2 R=%d %s of expert node 1 at position %d: stall %.1f ms (slowest token minus "
+                   "the median %.3f ms)\n", R, kind, at, m.stall, m.tpot);
+    }
+  return 0;
+}
+
+}  // namespace
+
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows) {
+  if (o.moe) return run_moe_bench(o, rows);
   struct model_case {
     std::string name;
     std::shared_ptr<const model::model_file> file;
