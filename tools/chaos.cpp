@@ -57,6 +57,7 @@ namespace {
 struct chaos_opts {
   std::string model, tokenizer, prompt, topology = "pipeline", profile = "host", link, json_out;
   std::string reduce = "direct";  // --reduce: tensor groups' all-reduce (as run)
+  int expert_replicas = 1;        // --expert-replicas (expert topologies, as run; issue #23)
   int steps = 128;
   float temperature = 1.0f, topp = 0.9f;
   unsigned long long seed_gen = 42;  // -s: generation seed
@@ -90,6 +91,7 @@ int do_chaos(const chaos_opts& o) {
   base.spares = o.spares;
   base.topology = o.topology;
   base.reduce = o.reduce;
+  base.expert_replicas = o.expert_replicas;
   base.profile = o.profile;
   base.link = o.link;
   base.step_timeout_min = std::chrono::milliseconds(o.step_timeout_min_ms);
@@ -313,7 +315,13 @@ void add_chaos(CLI::App& app, int& status) {
   cmd->add_option("--nodes", o->nodes, "in-process nodes")->capture_default_str();
   cmd->add_option("--spares", o->spares, "spare nodes (in process, or spare daemons with --processes)")
       ->capture_default_str();
-  cmd->add_option("--topology", o->topology, "pipeline|tensor|hybrid:PxT")->capture_default_str();
+  cmd->add_option("--topology", o->topology,
+                  "pipeline|tensor|hybrid:PxT|expert:E|pipeline:P,expert:E (faults are drawn over every placement "
+                  "index: expert nodes too)")
+      ->capture_default_str();
+  cmd->add_option("--expert-replicas", o->expert_replicas, "expert topologies: holders per expert (as run)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--reduce", o->reduce, "all-reduce of tensor groups: direct|scatter (as run)")
       ->check(CLI::IsMember({"direct", "scatter"}))
       ->capture_default_str();

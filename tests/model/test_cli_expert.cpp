@@ -205,3 +205,40 @@ TEST_CASE("an expert node crashes or falls silent: fixture ids, nothing replayed
     }
   }
 }
+
+TEST_CASE("every fault kind on an expert node (and lost or corrupt dispatches): fixture ids, nothing replayed",
+          "[cli][moe][expert][faults]") {
+  const auto model = test::shared_file("models/gguf/moe-small-f32.gguf");
+  if (model.empty()) return;
+  const std::string dir = test::temp_dir("cli-expert-kinds");
+  const auto want = want_ids("Once upon a time");
+  // Placement indices: 0 the stage shard, 1 and 2 its expert nodes, 3 a spare.
+  const std::vector<std::string> faults = {
+      "slow:node=1:step=10:ms=5",          // every request of expert node 1 from position 10 held 5 ms
+      "drop:node=1:step=10",               // an expert output lost: the request times out, goes again
+      "drop:node=0:step=10:n=3",           // expert requests lost on the way out of the stage shard
+      "delay:node=2:step=10:ms=300",       // an expert node's link slow for a while
+      "corrupt:node=1:step=10",            // an expert output fails its checksum: asked again
+      "corrupt:node=0:step=12",            // a request fails its checksum at the expert node
+      "partition:node=2:step=10:ms=1500",  // unreachable for 1.5 s
+      "silence:node=2:step=0",             // frozen from the prompt on: moved to the spare
+      "crash:node=1:step=0",
+  };
+  int i = 0;
+  for (const auto& f : faults)
+    for (int replicas : {1, 2}) {
+      INFO(f << ", " << replicas << " replica(s)");
+      const std::string out = dir + "/k" + std::to_string(i) + ".ids";
+      const std::string json = dir + "/k" + std::to_string(i++) + ".json";
+      auto a = base_run(model, static_cast<int>(want.size()) - 1, out);
+      for (const std::string& x : {std::string("--nodes"), std::string("3"), std::string("--spares"),
+                                   std::string("1"), std::string("--topology"), std::string("expert:2"),
+                                   std::string("--expert-replicas"), std::to_string(replicas),
+                                   std::string("--fault"), f, std::string("--json"), json})
+        a.push_back(x);
+      CHECK(ids_of(test::run_command(a), out) == want);
+      const auto j = nlohmann::json::parse(test::read_file(json));
+      CHECK(j["faults"].size() >= 1);
+      for (const auto& r : j["faults"]) CHECK(r["replayed_positions"] == 0);
+    }
+}
