@@ -61,6 +61,8 @@ TEST_CASE("run --topology expert: moe-small-f32.gguf gives llama.cpp's ids on ex
       {"--nodes", "5", "--topology", "expert:4", "--kernels", "reference"},
       {"--nodes", "6", "--topology", "pipeline:2,expert:2", "--kernels", "reference"},
       {"--nodes", "5", "--topology", "expert:4", "--expert-replicas", "2", "--batch-size", "3"},
+      {"--nodes", "3", "--topology", "expert:2", "--kernels", "blas"},  // native where the build has no OpenBLAS
+      {"--nodes", "3", "--topology", "expert:2", "--kernels", "spe"},
   };
   int i = 0;
   for (const auto& extra : placements) {
@@ -69,6 +71,26 @@ TEST_CASE("run --topology expert: moe-small-f32.gguf gives llama.cpp's ids on ex
     a.insert(a.end(), extra.begin(), extra.end());
     INFO(join(extra));
     CHECK(ids_of(test::run_command(a), out) == want);
+  }
+}
+
+TEST_CASE("run --topology expert: weights quantized at load give the one-node ids", "[cli][moe][expert]") {
+  const auto model = test::shared_file("models/gguf/moe-small-f32.gguf");
+  if (model.empty()) return;
+  const std::string dir = test::temp_dir("cli-expert");
+  for (const char* w : {"q8_0", "q4_0"}) {
+    INFO(w);
+    auto one = base_run(model, 40, dir + "/w1.ids");
+    auto split = base_run(model, 40, dir + "/w2.ids");
+    for (auto* a : {&one, &split}) {
+      a->push_back("--weights");
+      a->push_back(w);
+    }
+    for (const char* x : {"--nodes", "7", "--topology", "pipeline:2,expert:2", "--expert-replicas", "2"})
+      split.push_back(x);
+    const auto want = ids_of(test::run_command(one), dir + "/w1.ids");
+    CHECK(want.size() == 41);
+    CHECK(ids_of(test::run_command(split), dir + "/w2.ids") == want);
   }
 }
 
