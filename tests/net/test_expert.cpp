@@ -1,7 +1,8 @@
 // Expert parallelism over node daemons (issue #23): moe-small-f32.gguf on
 // `--topology expert:2` over 4 `cellshard node` processes (a stage shard, two
 // expert nodes, a spare) gives llama.cpp's greedy ids; an expert node's
-// daemon SIGKILLed mid-generation, with and without a replica, changes no id
+// daemon SIGKILLed or frozen (SIGSTOP) mid-generation, with and without a
+// replica, changes no id
 // and replays no position (the spare takes the expert node's experts; with a
 // replica its requests go to the replica at once).
 //
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <cstdio>
 #include <memory>
 
 using namespace cellshard;
@@ -81,10 +83,10 @@ std::string one_node_text(const std::string& dir, int n) {
   return r.out;
 }
 
-void kill_expert_daemon(int replicas) {
+void kill_expert_daemon(int replicas, int sig = SIGKILL) {
   const auto want = want_ids();
   const int n = static_cast<int>(want.size()) - 1;
-  daemons d("net-expert-kill-r" + std::to_string(replicas), 4);
+  daemons d("net-expert-" + std::string(sig == SIGKILL ? "kill" : "stop") + "-r" + std::to_string(replicas), 4);
   const std::string text = one_node_text(d.dir, n);
   REQUIRE(text.size() > 20);
   const std::string ids = d.dir + "/run.ids", json = d.dir + "/run.json";
@@ -101,7 +103,7 @@ void kill_expert_daemon(int replicas) {
   REQUIRE(reached);
   REQUIRE(fe.running());
   // Placement index 2 (the second expert node) runs on node 2 (cluster file order).
-  d.nodes[2]->signal(SIGKILL);
+  d.nodes[2]->signal(sig);  // SIGSTOP: frozen until the destructor's SIGKILL
   const int status = fe.wait(run_deadline_s);
   INFO("front end stderr:\n" << fe.err());
   REQUIRE(status == 0);
@@ -114,7 +116,9 @@ void kill_expert_daemon(int replicas) {
     CHECK(f["replayed_positions"] == 0);
     if (f["node"] == 2) {
       expert_fault = true;
-      WARN("SIGKILL of expert node 2 (R=" << replicas << "): " << f.dump());
+      // Reported, not asserted (wall-clock times on a shared machine).
+      std::fprintf(stderr, "%s of expert node 2 (R=%d): %s\n", sig == SIGKILL ? "SIGKILL" : "SIGSTOP", replicas,
+                   f.dump().c_str());
       CHECK(f["moved_to_node"] == 3);  // the spare holds its experts now
     }
   }
@@ -151,4 +155,11 @@ TEST_CASE("an expert node's daemon SIGKILLed mid-generation, a replica: re-dispa
           "[net][expert][recovery]") {
   if (!test::have_shared()) return;
   kill_expert_daemon(2);
+}
+
+TEST_CASE("an expert node's daemon frozen (SIGSTOP) mid-generation, with and without a replica: same ids",
+          "[net][expert][recovery]") {
+  if (!test::have_shared()) return;
+  kill_expert_daemon(1, SIGSTOP);
+  kill_expert_daemon(2, SIGSTOP);
 }
