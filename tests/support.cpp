@@ -78,6 +78,25 @@ std::vector<reference_run> gguf_reference_runs(const std::string& model, const s
   return runs;
 }
 
+std::vector<int> gguf_reference_ids(const std::string& model, const std::string& prompt) {
+  const auto ref = nlohmann::json::parse(read_file(shared_file("models/gguf/gguf-small-reference-ids.json")));
+  for (const auto& run : ref.at("runs"))
+    if (run.at("model") == model && run.at("prompt") == prompt) {
+      auto ids = run.at("prompt_ids").get<std::vector<int>>();
+      const auto gen = run.at("generated_ids").get<std::vector<int>>();
+      ids.insert(ids.end(), gen.begin(), gen.end());
+      return ids;
+    }
+  FAIL("no reference run of " << model << " for '" << prompt << "'");
+  return {};
+}
+
+std::vector<int> ids_written(const command_result& r, const std::string& path) {
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  return read_ids(path);
+}
+
 std::vector<int> read_ids(const std::string& path) {
   std::vector<int> ids;
   std::istringstream in(read_file(path));

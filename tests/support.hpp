@@ -36,6 +36,9 @@ struct reference_run {
   std::string ids_file;
 };
 std::vector<reference_run> gguf_reference_runs(const std::string& model, const std::string& dir);
+/// The whole id sequence of llama.cpp's greedy run of `model` on `prompt` in
+/// that file (FAILs when there is none).
+std::vector<int> gguf_reference_ids(const std::string& model, const std::string& prompt);
 
 /// Little-endian fields of the project's file formats (docs/formats.md),
 /// whatever the host's byte order: tests that patch or read a file's bytes
@@ -54,6 +57,9 @@ struct command_result {
 };
 /// Runs `args` (argv, no shell) with a deadline; kills it past `timeout_s`.
 command_result run_command(const std::vector<std::string>& args, double timeout_s = 120);
+/// The ids a command wrote with --ids-out `path`, after REQUIRing that it
+/// exited 0 (its stderr in the failure message).
+std::vector<int> ids_written(const command_result& r, const std::string& path);
 
 /// A fresh directory under the build tree's tmp/ for one test.
 std::string temp_dir(const std::string& name);

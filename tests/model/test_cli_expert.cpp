@@ -15,23 +15,11 @@ using namespace cellshard;
 namespace {
 
 std::vector<int> want_ids(const std::string& prompt) {
-  const auto ref = nlohmann::json::parse(
-      test::read_file(test::shared_file("models/gguf/gguf-small-reference-ids.json")));
-  for (const auto& run : ref["runs"])
-    if (run["model"] == "moe-small-f32.gguf" && run["prompt"] == prompt) {
-      auto ids = run["prompt_ids"].get<std::vector<int>>();
-      const auto gen = run["generated_ids"].get<std::vector<int>>();
-      ids.insert(ids.end(), gen.begin(), gen.end());
-      return ids;
-    }
-  FAIL("no reference run for '" << prompt << "'");
-  return {};
+  return test::gguf_reference_ids("moe-small-f32.gguf", prompt);
 }
 
 std::vector<int> ids_of(const test::command_result& r, const std::string& path) {
-  INFO(r.err);
-  REQUIRE(r.status == 0);
-  return test::read_ids(path);
+  return test::ids_written(r, path);
 }
 
 std::vector<std::string> base_run(const std::string& model, int n, const std::string& out) {

@@ -25,19 +25,7 @@ namespace {
 
 constexpr double run_deadline_s = 120;
 
-std::vector<int> want_ids() {
-  const auto ref = nlohmann::json::parse(
-      test::read_file(test::shared_file("models/gguf/gguf-small-reference-ids.json")));
-  for (const auto& run : ref["runs"])
-    if (run["model"] == "moe-small-f32.gguf" && run["prompt"] == "Once upon a time") {
-      auto ids = run["prompt_ids"].get<std::vector<int>>();
-      const auto gen = run["generated_ids"].get<std::vector<int>>();
-      ids.insert(ids.end(), gen.begin(), gen.end());
-      return ids;
-    }
-  FAIL("no reference run for moe-small-f32.gguf");
-  return {};
-}
+std::vector<int> want_ids() { return test::gguf_reference_ids("moe-small-f32.gguf", "Once upon a time"); }
 
 std::vector<std::string> run_args(const std::string& out, int n) {
   return {"run", "-m", test::shared_file("models/gguf/moe-small-f32.gguf"), "-i", "Once upon a time", "-n",
