@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <memory>
 
 using namespace cellshard;
@@ -34,18 +35,19 @@ struct four_nodes {
 
 }  // namespace
 
-TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "[net][fixtures]") {
-  if (!test::have_shared()) return;
-  four_nodes c("net-fixtures");
+namespace {
+
+/// Runs fixtures over the 4 daemons of `c` as `run --cluster` with each
+/// (topology, reduce), checking ids and text; `only` limits the fixtures by
+/// name (empty: all of them).
+void run_fixtures(const four_nodes& c, const std::vector<std::pair<std::string, std::string>>& setups,
+                  const std::vector<std::string>& only = {}) {
   const std::string file = test::write_cluster_file(c.dir + "/cluster.json", c.ports);
   const std::string m = test::shared_file("models/stories260K.bin");
   const std::string z = test::shared_file("models/tok512.bin");
-  // The tensor groups also with the reduce-scatter + all-gather reduce
-  // (issue #19: its chunks cross processes as partial_sum messages).
-  for (const auto& [topo, reduce] : std::vector<std::pair<std::string, std::string>>{
-           {"pipeline", "direct"}, {"tensor", "direct"}, {"hybrid:2x2", "direct"},
-           {"tensor", "scatter"}, {"hybrid:2x2", "scatter"}}) {
+  for (const auto& [topo, reduce] : setups) {
     for (const auto& fc : test::fixture_cases()) {
+      if (!only.empty() && std::find(only.begin(), only.end(), fc.name) == only.end()) continue;
       std::vector<std::string> args = {test::cellshard_bin(), "run", "-m", m, "-z", z, "-n",
                                        std::to_string(fc.steps), "-t", std::to_string(fc.temperature),
                                        "-p", std::to_string(fc.topp), "-s", std::to_string(fc.seed),
@@ -63,12 +65,39 @@ TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "
       CHECK(r.out == test::read_file(test::shared_file("fixtures/" + fc.name + ".txt")));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "[net][fixtures]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-fixtures");
+  run_fixtures(c, {{"pipeline", "direct"}, {"tensor", "direct"}, {"hybrid:2x2", "direct"}});
   // The placement printed by the front end names the daemons' node indices.
-  auto r = test::run_command({test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "8", "-t", "0", "-q",
-                              "--cluster", file, "--topology", "hybrid:2x2", "--print-placement"});
+  const std::string file = c.dir + "/cluster.json";
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", test::shared_file("models/stories260K.bin"), "-z",
+                              test::shared_file("models/tok512.bin"), "-n", "8", "-t", "0", "-q", "--cluster", file,
+                              "--topology", "hybrid:2x2", "--print-placement"});
   INFO(r.err);
   CHECK(r.status == 0);
   CHECK_THAT(r.err, Catch::Contains("placement hybrid"));
+}
+
+// The tensor groups with the reduce-scatter + all-gather reduce (issue #19:
+// its chunks cross processes as partial_sum messages): a greedy and two
+// sampled fixtures in CI; every fixture under the slow label (in process,
+// test_topologies_fixtures runs every one with both reduces).
+TEST_CASE("fixtures over 4 node processes with the scatter reduce: tensor, hybrid:2x2", "[net][fixtures]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-fixtures-scatter");
+  run_fixtures(c, {{"tensor", "scatter"}, {"hybrid:2x2", "scatter"}},
+               {"greedy_prompt_lily_tom_n100", "topp_t1.0_p0.9_s133742_n256", "topp_t0.5_p0.95_s7_n150"});
+}
+
+TEST_CASE("every fixture over 4 node processes with the scatter reduce", "[net][fixtures][slow]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-fixtures-scatter-all");
+  run_fixtures(c, {{"tensor", "scatter"}, {"hybrid:2x2", "scatter"}});
 }
 
 TEST_CASE("gguf over 4 node processes: stories260K.gguf's fixtures and llama2-small-f32.gguf's llama.cpp ids",
