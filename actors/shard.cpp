@@ -908,26 +908,35 @@ void run_program(shard_actor* self, uint64_t session, session_state& ss) {
 
 /// The worker finished the compute op of a step: go on with the program,
 /// unless the step was abandoned meanwhile (then the next queued one starts).
-void on_computed(shard_actor* self, computed& c) {
+/// A worker job of session `session` ended (the compute or routing of op
+/// `pc` of step (epoch, pos0)): runs what waited for the worker and returns
+/// the session when that step is still the current one; otherwise (closed,
+/// or the step abandoned meanwhile) starts the next queued step if the
+/// session is idle and returns null.
+session_state* job_ended(shard_actor* self, uint64_t session, uint32_t epoch, int32_t pos0, size_t pc) {
   auto& st = self->state;
-  st.compute_ns += c.ns;
-  auto it = st.sessions.find(c.session);
-  if (it == st.sessions.end()) return;  // closed meanwhile
+  auto it = st.sessions.find(session);
+  if (it == st.sessions.end()) return nullptr;  // closed meanwhile
   auto& ss = it->second;
   ss.computing = false;
   auto deferred = std::move(ss.after_job);
   ss.after_job.clear();
   for (auto& f : deferred) f();
-  const bool current =
-      ss.busy && ss.posted && ss.id.epoch == c.epoch && ss.id.pos0 == c.pos0 && ss.pc == c.pc;
-  if (!current) {
-    if (!ss.busy && !ss.queued.empty()) {
-      activation next = std::move(ss.queued.front());
-      ss.queued.pop_front();
-      start_step(self, next);
-    }
-    return;
+  if (ss.busy && ss.posted && ss.id.epoch == epoch && ss.id.pos0 == pos0 && ss.pc == pc) return &ss;
+  if (!ss.busy && !ss.queued.empty()) {
+    activation next = std::move(ss.queued.front());
+    ss.queued.pop_front();
+    start_step(self, next);
   }
+  return nullptr;
+}
+
+void on_computed(shard_actor* self, computed& c) {
+  auto& st = self->state;
+  st.compute_ns += c.ns;
+  session_state* cur = job_ended(self, c.session, c.epoch, c.pos0, c.pc);
+  if (!cur) return;
+  auto& ss = *cur;
   ss.x = std::move(c.x);
   ss.compute_ns += c.ns;
   ss.posted = false;
@@ -941,22 +950,9 @@ void on_computed(shard_actor* self, computed& c) {
 void on_routed(shard_actor* self, routed& r) {
   auto& st = self->state;
   st.compute_ns += r.ns;
-  auto it = st.sessions.find(r.session);
-  if (it == st.sessions.end()) return;
-  auto& ss = it->second;
-  ss.computing = false;
-  auto deferred = std::move(ss.after_job);
-  ss.after_job.clear();
-  for (auto& f : deferred) f();
-  const bool current = ss.busy && ss.posted && ss.id.epoch == r.epoch && ss.id.pos0 == r.pos0 && ss.pc == r.pc;
-  if (!current) {
-    if (!ss.busy && !ss.queued.empty()) {
-      activation next = std::move(ss.queued.front());
-      ss.queued.pop_front();
-      start_step(self, next);
-    }
-    return;
-  }
+  session_state* cur = job_ended(self, r.session, r.epoch, r.pos0, r.pc);
+  if (!cur) return;
+  auto& ss = *cur;
   ss.x = std::move(r.x);
   ss.compute_ns += r.ns;
   ss.posted = false;

@@ -10,6 +10,22 @@ namespace cellshard::topologies {
 
 namespace {
 
+/// split_weighted, and when the layers do not fit the capacities, a split
+/// anyway (the memory check then names the nodes): first with every stage
+/// allowed at least one layer, so that only nodes that cannot hold even that
+/// are reported, else ignoring capacities.
+result<std::vector<range>> split_or_place_anyway(int n, const std::vector<double>& weights,
+                                                 const std::vector<int>& capacity,
+                                                 const std::vector<double>& tie_cost) {
+  auto split = split_weighted(n, weights, capacity, tie_cost);
+  if (split) return split;
+  std::vector<int> at_least_one = capacity;
+  for (int& c : at_least_one) c = std::max(c, 1);
+  split = split_weighted(n, weights, at_least_one, tie_cost);
+  if (split) return split;
+  return split_weighted(n, weights, {}, tie_cost);
+}
+
 std::string plural(int n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
@@ -431,13 +447,7 @@ result<placement> place_expert(const model::config& cfg, const std::vector<node_
       capacity[static_cast<size_t>(s)] = static_cast<int>(cap);
       tie[static_cast<size_t>(s)] = (first ? d : 0.0) + (last ? d + v * d : 0.0);
     }
-    auto split = split_weighted(L, weight, capacity, tie);
-    if (!split) {
-      std::vector<int> at_least_one = capacity;
-      for (int& c : at_least_one) c = std::max(c, 1);
-      split = split_weighted(L, weight, at_least_one, tie);
-      if (!split) split = split_weighted(L, weight, {}, tie);
-    }
+    auto split = split_or_place_anyway(L, weight, capacity, tie);
     if (!split) return split.err();
     layer_ranges = std::move(split.value());
   }
@@ -681,16 +691,7 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       // on stage 0, final norm + a rank's classifier slice on the last stage.
       tie[static_cast<size_t>(s)] = (first ? d : 0.0) + (last ? d + std::ceil(v / T) * d : 0.0);
     }
-    auto split = split_weighted(L, weight, capacity, tie);
-    if (!split) {
-      // Does not fit. Still place (the memory check then names the nodes):
-      // first with every stage allowed at least one layer, so that only nodes
-      // that cannot hold even that are reported, else ignoring capacities.
-      std::vector<int> at_least_one = capacity;
-      for (int& c : at_least_one) c = std::max(c, 1);
-      split = split_weighted(L, weight, at_least_one, tie);
-      if (!split) split = split_weighted(L, weight, {}, tie);
-    }
+    auto split = split_or_place_anyway(L, weight, capacity, tie);
     if (!split) return split.err();
     layer_ranges = std::move(split.value());
   }
