@@ -2,6 +2,7 @@
 
 #include "actors/messages.hpp"
 #include "model/checkpoint.hpp"
+#include "model/generation.hpp"
 #include "model/journal.hpp"
 #include "supervision/checkpoint.hpp"
 
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <set>
 
 namespace cellshard::actors {
@@ -25,20 +27,18 @@ using recovered_atom = caf::atom_constant<caf::atom("cs_recov")>;
 
 struct session_state {
   session_spec spec;
-  std::vector<int> prompt;
-  std::unique_ptr<model::sampler> smp;
+  // What to compute next and what the logits mean: run.c's loop, shared
+  // with model::generate (model/generation.hpp). Its step is the one in
+  // flight (positions [pos, pos + n)) until its logits are accepted.
+  std::optional<model::generation> gen;
   session_outcome out;
-  int token = 0;    // the token at position pos
-  int pos = 0;      // next position to run (the first of the step in flight)
-  std::vector<int32_t> inflight;  // tokens of the step in flight
   uint32_t epoch = 0;
   uint64_t step_seq = 0;  // identifies the deadline of the step in flight
   int retries_left = 0;
   double ewma_step_ms = 0;
   double compute_ms_per_position = 0;  // measured (critical path), moving average
   uint64_t probing_seq = 0;            // the step whose probe is out (0: none)
-  clock_type::time_point t0, last, first, step_sent;
-  bool have_first = false;
+  clock_type::time_point step_sent;
   int64_t compute_ns = 0;
   bool done = false;
   // Recovery:
@@ -53,7 +53,6 @@ struct session_state {
   clock_type::time_point recovery_start;
   std::unique_ptr<model::journal_writer> journal;
   std::string journal_error;  // the first failed journal write: ends the session
-  int quiet_until = 0;  // resumed: ids below this index were reported by the killed run
   // The logits of the step in flight, joined from the last stage's vocabulary
   // slices (one per rank; issue #19): for (joined_epoch, joined_pos0), the
   // slice starts received so far and the rows they cover.
@@ -74,6 +73,13 @@ double ms_since(clock_type::time_point t) {
 
 std::string key_of(int index) { return "shard-" + std::to_string(index); }
 
+/// First position of the step in flight (the next to run when none is).
+int pos_of(const session_state& st) { return st.gen ? st.gen->pos() : 0; }
+/// Number of positions of the step in flight.
+int inflight_count(const session_state& st) {
+  return st.gen && !st.gen->done() ? static_cast<int>(st.gen->step().tokens.size()) : 1;
+}
+
 void finish(session_actor* self, bool ok, std::string error, bool cancelled = false) {
   auto& st = self->state;
   if (st.done) return;
@@ -82,11 +88,9 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
   st.out.error = std::move(error);
   st.out.cancelled = cancelled;
   st.out.compute_ms = st.compute_ns / 1e6;
-  auto& r = st.out.result;
-  r.duration_ms = ms_since(st.t0);
-  if (st.have_first && st.pos > 1 && r.ids.size() > st.prompt.size()) {  // something was generated
-    const double s = std::chrono::duration<double>(clock_type::now() - st.first).count();
-    r.tokens_per_s = s > 0 ? (st.pos - 1) / s : 0;
+  if (st.gen) {  // duration and run.c's tokens/s, then the ids so far
+    st.gen->end();
+    st.out.result = std::move(st.gen->output());
   }
   for (auto& s : st.spec.shards)
     if (s) self->send(s, close_atom::value, st.spec.id);
@@ -112,7 +116,7 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
 /// in progress extends it (see probe_step).
 std::chrono::milliseconds deadline_of(const session_state& st, bool prefill) {
   std::chrono::milliseconds d = st.spec.step_timeout_min;
-  const int n = std::max<int>(1, static_cast<int>(st.inflight.size()));
+  const int n = std::max(1, inflight_count(st));
   double expected = st.compute_ms_per_position * n;
   if (st.spec.expected_transfer_ms) expected += st.spec.expected_transfer_ms(n);
   d = std::max(d, std::chrono::milliseconds(static_cast<int64_t>(3 * expected)));
@@ -126,47 +130,28 @@ std::chrono::milliseconds deadline_of(const session_state& st, bool prefill) {
 /// Sends the step in flight (positions [pos, pos + inflight.size())) and arms its deadline.
 void send_step(session_actor* self) {
   auto& st = self->state;
+  const model::generation_step& step = st.gen->step();
   forward_req req;
-  req.id = step_id{st.spec.id, st.epoch, st.pos, static_cast<int32_t>(st.inflight.size())};
-  req.tokens = st.inflight;
+  req.id = step_id{st.spec.id, st.epoch, step.pos0, static_cast<int32_t>(step.tokens.size())};
+  req.tokens.assign(step.tokens.begin(), step.tokens.end());
   req.reply_to = self;
   self->send(st.spec.entry, std::move(req));
   st.step_sent = clock_type::now();
   const uint64_t seq = ++st.step_seq;
-  self->delayed_send(self, deadline_of(st, st.inflight.size() > 1), timeout_atom::value, seq);
+  self->delayed_send(self, deadline_of(st, step.tokens.size() > 1), timeout_atom::value, seq);
 }
 
-void journal_token(session_state& st, int pos, int token) {
-  if (!st.journal || !st.journal_error.empty()) return;
-  auto r = st.journal->append({pos, token, st.smp->rng_state()});
-  if (!r) st.journal_error = r.message();
-}
-
-void emit(session_actor* self, int next) {
+/// What the session does with each token its generation emits: the journal
+/// gets every one the resumed run had not written (stop tokens included),
+/// the caller every one it has not seen yet (stop tokens are not printed).
+void on_emitted(session_actor* self, const model::emitted_token& e) {
   auto& st = self->state;
-  auto& r = st.out.result;
-  r.ids.push_back(next);
-  const bool resumed = static_cast<int>(r.ids.size()) <= st.quiet_until;
-  if (!resumed) journal_token(st, static_cast<int>(r.ids.size()) - 1, next);
-  const auto now = clock_type::now();
-  // ids = prompt (BOS first), then sampled tokens. TTFT ends at the first
-  // sampled one; TPOT samples are the sampled tokens after it.
-  const size_t n_prompt = st.prompt.size();
-  const bool sampled = r.ids.size() > n_prompt;
-  if (sampled && r.ids.size() > n_prompt + 1)
-    r.step_ms.push_back(std::chrono::duration<double, std::milli>(now - st.last).count());
-  st.last = now;
-  if (sampled && r.ids.size() == n_prompt + 1)
-    r.ttft_ms = std::chrono::duration<double, std::milli>(now - st.t0).count();
-  if (!st.spec.params.ignore_eos && st.spec.tok->is_stop(next)) return;
-  const std::string piece = st.spec.tok->decode(st.token, next);
-  r.text += piece;
-  if (st.spec.on_token && !resumed) st.spec.on_token(next, piece);
-  st.token = next;
-  if (!st.have_first) {
-    st.have_first = true;
-    st.first = now;
+  if (e.quiet) return;
+  if (st.journal && st.journal_error.empty()) {
+    auto r = st.journal->append({e.pos + 1, e.token, e.rng});  // ids[pos + 1]
+    if (!r) st.journal_error = r.message();
   }
+  if (!e.stop && st.spec.on_token) st.spec.on_token(e.token, e.piece);
 }
 
 void recover(session_actor* self);
@@ -191,7 +176,7 @@ void probe_step(session_actor* self, uint64_t seq) {
   };
   auto t = std::make_shared<tally>();
   const uint32_t epoch = st.epoch;
-  const int32_t pos0 = st.pos;
+  const int32_t pos0 = pos_of(st);
   auto decide = [self, seq, t] {
     auto& st = self->state;
     if (st.probing_seq == seq) st.probing_seq = 0;
@@ -202,17 +187,17 @@ void probe_step(session_actor* self, uint64_t seq) {
     const auto limit = st.spec.step_timeout * st.spec.max_wait_factor;
     if (t->silent.empty() && (t->working || in_transit) && waited < limit) {
       ++st.out.extensions;
-      self->delayed_send(self, std::min(deadline_of(st, st.inflight.size() > 1), limit - waited),
+      self->delayed_send(self, std::min(deadline_of(st, inflight_count(st) > 1), limit - waited),
                          timeout_atom::value, seq);
       return;
     }
-    std::string why = "no logits for position " + std::to_string(st.pos) + " within " +
+    std::string why = "no logits for position " + std::to_string(pos_of(st)) + " within " +
                       std::to_string(waited.count()) + " ms (";
     if (!t->silent.empty()) why += "no answer to the step probe from placement index " + t->silent + ")";
     else if (t->working || in_transit)
       why += "still in progress after " + std::to_string(st.spec.max_wait_factor) + " x --step-timeout-max)";
     else why += "lost: no shard works on the step and nothing is in transit)";
-    st.out.resend_deadlines_ms.push_back(deadline_of(st, st.inflight.size() > 1).count());
+    st.out.resend_deadlines_ms.push_back(deadline_of(st, inflight_count(st) > 1).count());
     retry_step(self, why);
   };
   for (size_t i = 0; i < st.spec.shards.size(); ++i) {
@@ -268,7 +253,8 @@ void resend_inflight(session_actor* self) {
 /// else from the token log through stages 0..last affected.
 void replay(session_actor* self, int c) {
   auto& st = self->state;
-  const int n = st.pos - c;
+  const int pos = pos_of(st);
+  const int n = pos - c;
   st.current.restored_to = c;
   st.current.replayed_positions = n;
   if (n <= 0) {
@@ -281,9 +267,10 @@ void replay(session_actor* self, int c) {
   auto from_tokens = [self, c, last] {
     auto& st = self->state;
     forward_req req;
-    req.id = step_id{st.spec.id, st.epoch, c, st.pos - c};
-    const auto& ids = st.out.result.ids;  // ids[p] is the token at position p
-    req.tokens.assign(ids.begin() + c, ids.begin() + st.pos);
+    const int pos = pos_of(st);
+    req.id = step_id{st.spec.id, st.epoch, c, pos - c};
+    const auto& ids = st.gen->output().ids;  // ids[p] is the token at position p
+    req.tokens.assign(ids.begin() + c, ids.begin() + pos);
     req.reply_to = self;
     req.replay_until = last;
     self->send(st.spec.entry, std::move(req));
@@ -294,7 +281,7 @@ void replay(session_actor* self, int c) {
     const auto& head = st.spec.shards[st.spec.stages[last - 1].front()];
     const uint64_t seq = st.recovery_seq;
     self->request(head, st.spec.step_timeout, replay_atom::value, st.spec.id, st.epoch,
-                  static_cast<int32_t>(c), static_cast<int32_t>(st.pos), static_cast<int32_t>(last))
+                  static_cast<int32_t>(c), static_cast<int32_t>(pos), static_cast<int32_t>(last))
         .then(
             [self, seq, from_tokens](bool ok) {
               if (self->state.done || seq != self->state.recovery_seq) return;
@@ -332,14 +319,14 @@ void recover(session_actor* self) {
   st.recovery_error.clear();
   st.current = recovery_record{};
   st.current.indices.assign(st.restarted.begin(), st.restarted.end());
-  st.current.position = st.pos;
+  st.current.position = pos_of(st);
   auto pending = std::make_shared<int>(static_cast<int>(st.restarted.size()));
-  auto c_min = std::make_shared<int>(st.pos);
+  auto c_min = std::make_shared<int>(pos_of(st));
   for (int i : st.restarted) {
     restore_req req;
     req.session = st.spec.id;
     req.epoch = st.epoch;
-    auto chain = st.store.restore_deltas(key_of(i), 0, static_cast<uint64_t>(st.pos));
+    auto chain = st.store.restore_deltas(key_of(i), 0, static_cast<uint64_t>(pos_of(st)));
     if (chain) {
       for (auto& part : chain->parts) {
         req.begins.push_back(static_cast<int32_t>(part.begin));
@@ -379,18 +366,15 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
   st.ckpt_end.assign(st.spec.shards.size(), 0);
   st.trimmed.assign(st.spec.stages.size(), 0);
   if (st.spec.coordinator) self->send(st.spec.coordinator, join_atom::value, caf::actor{self});
-  auto encoded = model::prompt_ids(*st.spec.tok, st.spec.params);
-  if (!encoded) {
-    finish(self, false, encoded.message());
-    return {};
-  }
-  st.prompt = std::move(*encoded);
-  st.smp = std::make_unique<model::sampler>(st.spec.vocab_size, st.spec.params.sampling);
-  if (!st.spec.resume_ids.empty()) {
-    // Everything the killed run produced is teacher-forced like a prompt.
-    st.prompt = st.spec.resume_ids;
-    st.smp->set_rng_state(st.spec.resume_rng);
-    st.quiet_until = static_cast<int>(st.spec.resume_ids.size());
+  // The journal's header names the teacher-forced ids, so they come first.
+  std::vector<int> forced = st.spec.resume_ids;
+  if (forced.empty()) {
+    auto encoded = model::prompt_ids(*st.spec.tok, st.spec.params);
+    if (!encoded) {
+      finish(self, false, encoded.message());
+      return {};
+    }
+    forced = std::move(*encoded);
   }
   if (!st.spec.journal.empty()) {
     result<std::unique_ptr<model::journal_writer>> w = make_error("");
@@ -408,38 +392,40 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
       h.tokenizer = st.spec.tokenizer_name;
       h.tokenizer_path = st.spec.tokenizer_path;
       h.tokenizer_digest = st.spec.tokenizer_digest;
-      h.prompt_tokens = st.prompt;
+      h.prompt_tokens = forced;
       h.ctx = st.spec.ctx;
       w = model::journal_writer::create(st.spec.journal, h);
     }
     if (w) st.journal = std::move(*w);
     else st.journal_error = w.message();
   }
-  st.out.result.prompt_tokens = static_cast<int>(st.prompt.size());
-  st.t0 = st.last = clock_type::now();
-  st.token = st.prompt[0];
-  st.out.result.ids.push_back(st.token);
-  // Prompt positions need no sampling: their next token is the prompt's. Emit
-  // them as run.c prints them, then prefill them in one batch whose last
-  // position's logits give the first sampled token.
-  const int steps = st.spec.params.steps;
-  const int n_prompt = static_cast<int>(st.prompt.size());
-  // --logits-out needs every prompt position's logits: one position per step.
-  const int batch = st.spec.on_logits ? 1 : std::min(n_prompt, steps);
-  for (int p = 0; p + 1 < n_prompt && p < steps; ++p) emit(self, st.prompt[p + 1]);
-  if ((n_prompt > steps && !st.spec.on_logits) || !st.journal_error.empty()) {
-    // Every position is a prompt position: nothing to compute.
-    st.pos = steps;
+  // The prompt goes to the shards as position 0, then the rest of it in one
+  // step (the shards prefill it in chunks of --batch-size), then one position
+  // per step; with on_logits (--logits-out) one position per step throughout.
+  model::generation_options opt;
+  opt.every_logits = static_cast<bool>(st.spec.on_logits);
+  opt.resume_ids = st.spec.resume_ids;
+  opt.resume_rng = st.spec.resume_rng;
+  opt.on_token = [self](const model::emitted_token& e) { on_emitted(self, e); };
+  auto g = model::generation::start(*st.spec.tok, st.spec.vocab_size, st.spec.params, std::move(opt));
+  if (!g) {
+    finish(self, false, g.message());
+    return {};
+  }
+  st.gen.emplace(std::move(*g));
+  if (st.gen->done() || !st.journal_error.empty()) {
+    // Every position is a prompt position (nothing to compute), or a journal
+    // that cannot be written.
     self->send(self, timeout_atom::value, uint64_t{0});  // finishes below
   } else {
-    st.inflight.assign(st.prompt.begin(), st.prompt.begin() + batch);
-    st.token = st.prompt[batch - 1];
     send_step(self);
   }
   return {
       [=](logits_msg& m) {
         auto& st = self->state;
-        if (st.done || st.recovering || m.id.epoch != st.epoch || m.id.pos0 != st.pos) return;  // stale
+        if (st.done || st.recovering || m.id.epoch != st.epoch || m.id.pos0 != pos_of(st) ||
+            m.id.count != inflight_count(st))
+          return;  // stale
         if (!m.logits.ok()) {
           retry_step(self, "corrupt logits (checksum mismatch) for position " +
                                std::to_string(m.id.pos0 + m.id.count - 1));
@@ -482,26 +468,13 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         }
         st.compute_ns += m.compute_ns;
         if (st.spec.on_logits) st.spec.on_logits(m.id.pos0 + m.id.count - 1, m.logits.data.data());
-        st.pos += m.id.count;
         st.retries_left = st.spec.max_retries;
-        if (st.pos < static_cast<int>(st.prompt.size()) && st.pos < st.spec.params.steps) {
-          // Prefill one position at a time (on_logits): the next token is the prompt's.
-          st.token = st.prompt[st.pos];
-          st.inflight = {st.token};
-          send_step(self);
-          return;
-        }
-        if (st.pos < static_cast<int>(st.prompt.size())) {  // -n ended inside the prompt
-          finish(self, true, "");
-          return;
-        }
-        const int next = st.smp->sample(m.logits.data.data());
-        emit(self, next);
+        st.gen->complete(m.logits.data.data());  // emits the step's next tokens
         if (!st.journal_error.empty()) {
           finish(self, false, st.journal_error);
           return;
         }
-        if (!st.current.indices.empty()) {  // the first token after a recovery
+        if (!st.current.indices.empty()) {  // the first step delivered after a recovery
           st.current.recover_ms = ms_since(st.recovery_start);
           st.out.recoveries.push_back(st.current);
           if (st.spec.coordinator)
@@ -512,11 +485,10 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
           st.current = recovery_record{};
           st.restarted.clear();
         }
-        if ((!st.spec.params.ignore_eos && st.spec.tok->is_stop(next)) || st.pos >= st.spec.params.steps) {
+        if (st.gen->done()) {
           finish(self, true, "");
           return;
         }
-        st.inflight = {next};
         send_step(self);
       },
       // A checkpoint delta of one shard: kept here, off that shard's node.
@@ -555,7 +527,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         st.spec.entry = r.entry;
         st.restarted.insert(r.index);
         if (r.remaining > 0) return;  // the rest of the batch first: one recovery for all
-        if (st.pos >= st.spec.params.steps) return;  // nothing in flight
+        if (st.gen->done()) return;  // nothing in flight
         // Expert nodes hold no session state: nothing to restore or replay
         // (their stage shard re-sends what it had in flight there, or a
         // replica took it). Recorded as recovered with the next token.
@@ -571,7 +543,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
           recover(self);
         } else if (st.current.indices.empty()) {
           st.current = recovery_record{};
-          st.current.position = st.pos;
+          st.current.position = pos_of(st);
           st.recovery_start = clock_type::now();
         }
         for (int i : experts)
@@ -599,12 +571,12 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
         // A long step, a slow link, a lost message or a fault not (yet)
         // detected: the probe tells them apart; a re-send (new epoch, the
         // old one's messages dropped on arrival) only for the last two.
-        const auto waited = deadline_of(st, st.inflight.size() > 1);
+        const auto waited = deadline_of(st, inflight_count(st) > 1);
         if (st.recovering) {
           finish(self, false,
                  !st.recovery_error.empty()
                      ? st.recovery_error
-                     : "recovery of position " + std::to_string(st.pos) + " did not finish within " +
+                     : "recovery of position " + std::to_string(pos_of(st)) + " did not finish within " +
                            std::to_string(waited.count()) + " ms");
           return;
         }

@@ -1,9 +1,10 @@
 #include "model/generate.hpp"
 
+#include "model/generation.hpp"
+
 #include "base/parse.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <ctime>
 #include <sstream>
 #include <vector>
@@ -30,72 +31,29 @@ result<generation_result> generate(const forward_fn& forward, const tokenizer& t
                                    int vocab_size, const generation_params& params,
                                    const piece_fn& on_piece, const logits_fn& on_logits,
                                    const prefill_fn& prefill) {
-  using clock = std::chrono::steady_clock;
-  generation_result out;
-  auto encoded = prompt_ids(tok, params);
-  if (!encoded) return encoded.err();
-  const std::vector<int> prompt = std::move(*encoded);
-  out.prompt_tokens = static_cast<int>(prompt.size());
-  sampler smp(vocab_size, params.sampling);
-  std::vector<float> logits(vocab_size);
-  const auto t0 = clock::now();
-  auto last = t0;
-  clock::time_point first{};
-  bool have_sampled = false;
-  int token = prompt[0];
-  out.ids.push_back(token);
-  int pos = 0;
-  // Positions [1, batched_end) come from one prefill call (their logits are
-  // not looked at except the last one's, which samples when it ends the prompt).
-  const int batched_end =
-      prefill && !on_logits ? std::min(static_cast<int>(prompt.size()), params.steps) : 0;
-  const float* prefilled = nullptr;
-  while (pos < params.steps) {
-    result<const float*> l = prefilled;
-    if (pos >= 1 && pos < batched_end) {
-      if (!prefilled) {
-        l = prefill(prompt.data() + 1, batched_end - 1, 1);
-        if (!l) return l.err();
-        prefilled = *l;
-      }
-    } else {
-      l = forward(token, pos);
-    }
+  // The loop itself is model::generation's (model/generation.hpp), shared
+  // with the session actor of a cluster; here every step is computed in turn.
+  generation_options opt;
+  opt.every_logits = static_cast<bool>(on_logits);
+  opt.max_prompt_positions = prefill ? 0 : 1;
+  if (on_piece)
+    opt.on_token = [&on_piece](const emitted_token& e) {
+      if (!e.stop) on_piece(e.token, e.piece);
+    };
+  auto g = generation::start(tok, vocab_size, params, std::move(opt));
+  if (!g) return g.err();
+  std::vector<float> logits(static_cast<size_t>(vocab_size));
+  while (!g->done()) {
+    const generation_step& s = g->step();
+    const int n = static_cast<int>(s.tokens.size());
+    result<const float*> l = n == 1 ? forward(s.tokens[0], s.pos0) : prefill(s.tokens.data(), n, s.pos0);
     if (!l) return l.err();
-    if (on_logits) on_logits(pos, *l);
-    int next;
-    const bool sampled = pos >= static_cast<int>(prompt.size()) - 1;
-    if (!sampled) {
-      next = prompt[pos + 1];
-    } else {
-      std::copy(*l, *l + vocab_size, logits.begin());
-      next = smp.sample(logits.data());
-    }
-    ++pos;
-    out.ids.push_back(next);
-    const auto now = clock::now();
-    // TPOT: the time of each output token after the first (decode steps;
-    // prompt positions are prefill, part of TTFT).
-    if (sampled && have_sampled) out.step_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());
-    last = now;
-    if (sampled && !have_sampled) {  // TTFT: start -> the first sampled token
-      have_sampled = true;
-      out.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
-    }
-    if (!params.ignore_eos && tok.is_stop(next)) break;
-    const std::string piece = tok.decode(token, next);
-    out.text += piece;
-    if (on_piece) on_piece(next, piece);
-    token = next;
-    if (first == clock::time_point{}) first = now;
+    if (on_logits) on_logits(s.pos0 + n - 1, *l);
+    std::copy(*l, *l + vocab_size, logits.begin());
+    g->complete(logits.data());
   }
-  const auto end = clock::now();
-  out.duration_ms = std::chrono::duration<double, std::milli>(end - t0).count();
-  if (pos > 1 && first != clock::time_point{}) {
-    const double s = std::chrono::duration<double>(end - first).count();
-    out.tokens_per_s = s > 0 ? (pos - 1) / s : 0;
-  }
-  return out;
+  g->end();
+  return std::move(g->output());
 }
 
 std::string format_ids(const std::vector<int>& ids) {
