@@ -1080,13 +1080,15 @@ void drop_session(shard_actor* self, uint64_t session) {
   if (st.closed.size() > 4096) st.closed.erase(st.closed.begin());
 }
 
-/// Applies the fault plan at a normal step; false when the step must not run
-/// now (crashed, silenced, or held back by `slow`).
-bool faults_allow(shard_actor* self, activation& a) {
+/// The fault plan at positions [pos0, pos0 + count) -- a stage's step or an
+/// expert node's request: reports what fired to the coordinator and applies
+/// the link faults. Returns false when the work must not run (the hooks
+/// crashed or silenced the actor, or a partition began); `slow` is then set
+/// when it must instead be held back for that long (the caller holds it).
+bool step_faults(shard_actor* self, int32_t pos0, int32_t count, std::chrono::milliseconds& slow) {
   auto& st = self->state;
-  if (!st.hooks || a.replay_until >= 0) return true;
-  const auto fx = st.hooks->on_step(static_cast<uint64_t>(a.id.pos0),
-                                    static_cast<uint64_t>(a.id.pos0 + a.id.count));
+  slow = std::chrono::milliseconds{0};
+  const auto fx = st.hooks->on_step(static_cast<uint64_t>(pos0), static_cast<uint64_t>(pos0 + count));
   const int64_t now_ns = clock_type::now().time_since_epoch().count();
   for (const auto& f : fx.fired)
     if (st.init.coordinator)
@@ -1104,12 +1106,22 @@ bool faults_allow(shard_actor* self, activation& a) {
     if (st.init.heartbeat) self->send(st.init.heartbeat, supervision::hb_silence_atom::value, d);
     return false;
   }
-  if (fx.slow.count() > 0) {
+  slow = fx.slow;
+  return fx.slow.count() <= 0;
+}
+
+/// Applies the fault plan at a normal step; false when the step must not run
+/// now (crashed, silenced, partitioned, or held back by `slow`).
+bool faults_allow(shard_actor* self, activation& a) {
+  auto& st = self->state;
+  if (!st.hooks || a.replay_until >= 0) return true;
+  std::chrono::milliseconds slow{0};
+  if (step_faults(self, a.id.pos0, a.id.count, slow)) return true;
+  if (slow.count() > 0) {
     st.slowed.push_back(std::move(a));
-    self->delayed_send(self, fx.slow, resume_atom::value);
-    return false;
+    self->delayed_send(self, slow, resume_atom::value);
   }
-  return true;
+  return false;
 }
 
 /// A step message that came before the shard's first wiring waits for it
@@ -1186,29 +1198,13 @@ void expert_down(shard_actor* self, const caf::down_msg& dm) {
 bool expert_faults_allow(shard_actor* self, expert_req& r) {
   auto& st = self->state;
   if (!st.hooks || r.held) return true;
-  const auto fx = st.hooks->on_step(static_cast<uint64_t>(r.id.pos0), static_cast<uint64_t>(r.id.pos0 + r.id.count));
-  const int64_t now_ns = clock_type::now().time_since_epoch().count();
-  for (const auto& f : fx.fired)
-    if (st.init.coordinator)
-      self->send(st.init.coordinator,
-                 fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
-                              static_cast<int64_t>(f.step), now_ns, supervision::to_string(f)});
-  if (fx.crash || fx.silence) return false;
-  st.drop_left += fx.drop;
-  st.corrupt_left += fx.corrupt;
-  if (fx.delay_count > 0) st.init.node->shaper->add_delay(fx.delay, fx.delay_count);
-  if (fx.partition) {
-    const auto d = fx.partition_for ? caf::timespan(*fx.partition_for) : caf::timespan(std::chrono::hours(24 * 365));
-    st.partitioned_until = self->clock().now() + d;
-    if (st.init.heartbeat) self->send(st.init.heartbeat, supervision::hb_silence_atom::value, d);
-    return false;
-  }
-  if (fx.slow.count() > 0) {
+  std::chrono::milliseconds slow{0};
+  if (step_faults(self, r.id.pos0, r.id.count, slow)) return true;
+  if (slow.count() > 0) {
     r.held = true;
-    self->delayed_send(self, fx.slow, std::move(r));
-    return false;
+    self->delayed_send(self, slow, std::move(r));
   }
-  return true;
+  return false;
 }
 
 caf::behavior shard_behavior(shard_actor* self, shard_init init) {
