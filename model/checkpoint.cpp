@@ -148,6 +148,7 @@ result<void> model_file::init(const std::string& name, load_options opts) {
   if (swap) {  // whole file is 4-byte words: swap every word in place
     digest_ = XXH64(base_, size_, 0);  // the digest is of the file's own bytes
     have_digest_ = true;
+    swapped_ = true;
     uint32_t* w = reinterpret_cast<uint32_t*>(base_);
     for (uint64_t i = 0; i < size_ / 4; ++i) w[i] = bswap32(w[i]);
   }
@@ -227,6 +228,26 @@ result<std::shared_ptr<const model_file>> model_file::from_bytes(std::vector<uin
   m->base_ = m->owned_.data();
   m->size_ = m->owned_.size();
   m->path_ = name;
+  auto r = m->init(name, opts);
+  if (!r) return r.err();
+  return std::shared_ptr<const model_file>(std::move(m));
+}
+
+result<std::shared_ptr<const model_file>> model_file::from_sparse(uint64_t size,
+                                                                 const std::function<void(uint8_t*)>& fill,
+                                                                 std::string name, load_options opts) {
+  if (size == 0) return make_error(name + ": empty image");
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return make_error(name + ": cannot reserve " + std::to_string(size) + " bytes of address space: " +
+                      std::strerror(errno));
+  std::shared_ptr<model_file> m(new model_file());
+  m->base_ = static_cast<uint8_t*>(p);
+  m->size_ = size;
+  m->mapped_ = true;
+  m->sparse_ = true;
+  m->path_ = name;
+  fill(m->base_);
   auto r = m->init(name, opts);
   if (!r) return r.err();
   return std::shared_ptr<const model_file>(std::move(m));

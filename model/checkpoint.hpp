@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +117,14 @@ public:
   static result<std::shared_ptr<const model_file>> from_bytes(std::vector<uint8_t> bytes,
                                                               std::string name,
                                                               load_options opts = {});
+  /// A sparse image (model/manifest.hpp open_slice): `size` bytes of
+  /// anonymous memory, zero until written (only written pages become
+  /// resident; the address space of the whole file is reserved, not its
+  /// memory), filled by `fill` and then parsed as a file of that size.
+  /// digest() of such a model is of the image, not of the original file.
+  static result<std::shared_ptr<const model_file>> from_sparse(uint64_t size,
+                                                               const std::function<void(uint8_t*)>& fill,
+                                                               std::string name, load_options opts = {});
   ~model_file();
   model_file(const model_file&) = delete;
   model_file& operator=(const model_file&) = delete;
@@ -123,6 +132,11 @@ public:
   const config& cfg() const { return cfg_; }
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const { return size_; }
+  /// The file's bytes as loaded (file_bytes() long; a byte-swapped file's
+  /// are converted in place, see swapped()). For manifests.
+  const uint8_t* image() const { return base_; }
+  /// True when the loader converted the byte order (image() differs from the file).
+  bool swapped() const { return swapped_; }
 
   const float* token_embedding() const { return emb_; }  // [vocab x dim]
   layer_view layer(int l) const;
@@ -189,6 +203,8 @@ private:
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   bool mapped_ = false;
+  bool swapped_ = false;
+  bool sparse_ = false;  // from_sparse(): anonymous memory, no file behind it
   std::vector<uint8_t> owned_;
   const float* emb_ = nullptr;
   const float* layers_ = nullptr;

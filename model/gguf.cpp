@@ -440,6 +440,17 @@ result<std::shared_ptr<const file>> file::from_bytes(std::vector<uint8_t> bytes,
   return std::shared_ptr<const file>(std::move(f));
 }
 
+result<std::shared_ptr<const file>> file::from_view(const uint8_t* bytes, uint64_t size, std::string name,
+                                                    open_options opts) {
+  std::shared_ptr<file> f(new file());
+  f->base_ = const_cast<uint8_t*>(bytes);  // never written: parse() only reads
+  f->size_ = size;
+  f->path_ = std::move(name);
+  auto r = f->parse(opts);
+  if (!r) return r.err();
+  return std::shared_ptr<const file>(std::move(f));
+}
+
 file::~file() {
   if (mapped_ && base_) ::munmap(base_, size_);
 }

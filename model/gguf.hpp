@@ -124,6 +124,11 @@ public:
   static result<std::shared_ptr<const file>> from_bytes(std::vector<uint8_t> bytes,
                                                         std::string name,
                                                         open_options opts = {});
+  /// Parses `size` bytes at `bytes` without copying them: the caller keeps
+  /// them alive and unchanged as long as the file (a model_file's sparse
+  /// image, model/manifest.hpp).
+  static result<std::shared_ptr<const file>> from_view(const uint8_t* bytes, uint64_t size, std::string name,
+                                                       open_options opts = {});
   /// True when `bytes` (at least 4) start with the GGUF magic.
   static bool has_magic(const uint8_t* bytes, uint64_t size);
 

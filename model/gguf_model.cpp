@@ -61,11 +61,13 @@ kernels::matmul_mode model_file::default_matmul() const {
 result<void> model_file::init_gguf(const std::string& name, load_options opts) {
   gguf::open_options go;
   go.force_swap = opts.force_swap;
-  auto gr = mapped_ ? gguf::file::open(path_, go)
-                    : gguf::file::from_bytes(owned_, name, go);
+  auto gr = sparse_ ? gguf::file::from_view(base_, size_, name, go)
+            : mapped_ ? gguf::file::open(path_, go)
+                      : gguf::file::from_bytes(owned_, name, go);
   if (!gr) return gr.err();
   gguf_ = *gr;
   const gguf::file& g = *gguf_;
+  if (g.swapped()) swapped_ = true;
 
   auto arch = g.get_string("general.architecture");
   if (!arch) return arch.err();

@@ -1,0 +1,263 @@
+// Weight manifests (issue #17, model/manifest.hpp): a shard built from its
+// slice image alone (the manifest's bytes, nothing else of the file) computes
+// bit for bit what the shard built from the whole file computes, on llama2.c
+// and GGUF files (F32, q8_0, mixture of experts), for pipeline, tensor and
+// vocabulary slices; a slice reads the bytes its layers hold (checked against
+// the llama2.c layout's own arithmetic); corruption and truncation are named.
+#include "model/manifest.hpp"
+
+#include "model/synth.hpp"
+#include "model/transformer.hpp"
+#include "tests/support.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+using namespace cellshard;
+
+namespace {
+
+std::vector<float> seeded(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(g);
+  return v;
+}
+
+/// The slice image of `spec` gathered from the whole file, in two pieces (a
+/// chunk boundary inside an entry), verified.
+std::vector<uint8_t> gather(const model::manifest& m, const model::model_file& f) {
+  std::vector<uint8_t> s(m.bytes());
+  const uint64_t half = m.bytes() / 2 + 3;
+  REQUIRE(model::copy_slice_bytes(m, f.image(), 0, half, s.data()));
+  REQUIRE(model::copy_slice_bytes(m, f.image(), half, m.bytes() - half, s.data() + half));
+  auto ok = model::verify_slice(m, s.data(), s.size(), "gathered");
+  INFO((ok ? std::string() : ok.message()));
+  REQUIRE(ok);
+  return s;
+}
+
+/// Every layer's attention and FFN partial, the classifier's logits and the
+/// embedding rows from the slice-only model equal those from the file.
+void same_outputs(const std::shared_ptr<const model::model_file>& file, const model::slice_spec& spec,
+                  model::weight_format fmt = model::weight_format::f32) {
+  INFO("slice " << spec.to_string() << " of " << file->path());
+  auto m = model::make_manifest(*file, spec, "model");
+  INFO((m ? std::string() : m.message()));
+  REQUIRE(m);
+  CHECK(m->bytes() <= file->file_bytes());  // equal for a whole GGUF (no unused bytes)
+  auto round = model::manifest::decode(m->encode());
+  REQUIRE(round);
+  CHECK(round->entries == m->entries);
+  CHECK(round->digest() == m->digest());
+  const auto slice = gather(*m, *file);
+  auto part = model::open_slice(*m, slice.data(), slice.size());
+  INFO((part ? std::string() : part.message()));
+  REQUIRE(part);
+  auto wa = model::shard_weights::make(file, spec, fmt);
+  auto wb = model::shard_weights::make(*part, spec, fmt);
+  REQUIRE(wa);
+  REQUIRE(wb);
+  CHECK((*wa)->bytes() == (*wb)->bytes());
+  const auto& be = kernels::reference_backend();
+  const auto& c = file->cfg();
+  const int kvd = spec.n_kv_heads() * c.head_size();
+  model::kv_cache ka(spec.n_layers(), c.seq_len, kvd), kb(spec.n_layers(), c.seq_len, kvd);
+  model::scratch sa(**wa), sb(**wb);
+  std::vector<float> pa(c.dim), pb(c.dim);
+  for (int pos = 0; pos < 3; ++pos)
+    for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
+      const auto x = seeded(c.dim, 100 * pos + l);
+      model::attention_partial(be, **wa, l, x.data(), pos, ka, sa, pa.data());
+      model::attention_partial(be, **wb, l, x.data(), pos, kb, sb, pb.data());
+      CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)) == 0);
+      model::ffn_partial(be, **wa, l, x.data(), sa, pa.data());
+      model::ffn_partial(be, **wb, l, x.data(), sb, pb.data());
+      CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)) == 0);
+    }
+  if (spec.classifier) {
+    const int rows = spec.vocab_rows(c.vocab_size);
+    std::vector<float> la(rows), lb(rows);
+    auto xa = seeded(c.dim, 7), xb = xa;
+    model::classify(be, **wa, xa.data(), la.data());
+    model::classify(be, **wb, xb.data(), lb.data());
+    CHECK(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0);
+  }
+  if (spec.embedding)
+    for (int t : {0, 1, c.vocab_size - 1}) {
+      (*wa)->embed(t, pa.data());
+      (*wb)->embed(t, pb.data());
+      CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)) == 0);
+    }
+}
+
+/// Pipeline stages, tensor ranks (column slices of wo and w2), a vocabulary slice.
+std::vector<model::slice_spec> specs_of(const model::config& c) {
+  std::vector<model::slice_spec> out;
+  auto whole = model::slice_spec::whole(c);
+  out.push_back(whole);
+  if (c.n_layers >= 2) {
+    auto a = whole, b = whole;
+    a.layer_end = c.n_layers / 2;
+    a.classifier = false;
+    b.layer_begin = c.n_layers / 2;
+    b.embedding = false;
+    out.push_back(a);
+    out.push_back(b);
+  }
+  if (c.n_kv_heads >= 2) {
+    auto t = whole;  // rank 1 of 2: the second half of heads and units, half the vocabulary
+    t.kv_head_begin = c.n_kv_heads / 2;
+    t.ffn_begin = c.hidden_dim / 2;
+    t.embedding = false;
+    t.vocab_begin = c.vocab_size / 2;
+    t.vocab_end = c.vocab_size;
+    out.push_back(t);
+    auto odd = whole;  // an uneven unit split, off any 32-block boundary
+    odd.ffn_end = c.hidden_dim / 3 + 1;
+    odd.kv_head_end = 1;
+    odd.classifier = false;
+    out.push_back(odd);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("manifest: a llama2.c slice alone computes what the whole file computes", "[manifest]") {
+  auto c = model::synth_preset("stories260k");
+  REQUIRE(c);
+  for (bool shared : {true, false}) {
+    c->shared_classifier = shared;
+    auto f = model::model_file::from_bytes(model::synth_bytes(*c, 11), "synth.bin");
+    REQUIRE(f);
+    for (const auto& s : specs_of(*c)) {
+      same_outputs(*f, s);
+      same_outputs(*f, s, model::weight_format::q8_0);
+    }
+  }
+}
+
+TEST_CASE("manifest: the bytes of a pipeline stage are its layers' (llama2.c arithmetic)", "[manifest]") {
+  auto c = model::synth_preset("stories260k");
+  REQUIRE(c);
+  auto f = model::model_file::from_bytes(model::synth_bytes(*c, 5), "synth.bin");
+  REQUIRE(f);
+  model::slice_spec s = model::slice_spec::whole(*c);
+  s.layer_begin = 1;
+  s.layer_end = 2;
+  s.embedding = s.classifier = false;
+  auto m = model::make_manifest(**f, s, "synth.bin");
+  REQUIRE(m);
+  // run.c's layout: one layer is layer_params() floats; the header 28 bytes.
+  CHECK(m->bytes() == 28 + c->layer_params() * 4);
+  CHECK(m->file_bytes == model::checkpoint_bytes(*c));
+  CHECK(m->entries.front().name == "header");
+  // Every entry lies inside layer 1's fields: none overlaps layer 0's wq.
+  const uint64_t wq0 = reinterpret_cast<const uint8_t*>((*f)->layer(0).wq) - (*f)->image();
+  for (const auto& e : m->entries) CHECK((e.offset >= wq0 + 4ull * c->dim * c->dim || e.offset < wq0));
+}
+
+TEST_CASE("manifest: a corrupt or truncated slice is named; the digest is the slice's identity", "[manifest]") {
+  auto c = model::synth_preset("stories260k");
+  REQUIRE(c);
+  auto f = model::model_file::from_bytes(model::synth_bytes(*c, 5), "synth.bin");
+  REQUIRE(f);
+  auto s = model::slice_spec::whole(*c);
+  s.layer_end = 2;
+  s.classifier = false;
+  auto m = model::make_manifest(**f, s, "synth.bin");
+  REQUIRE(m);
+  auto slice = gather(*m, **f);
+  // The byte at the start of layer 1's w2 entry.
+  uint64_t at = 0;
+  for (const auto& e : m->entries) {
+    if (e.name == "w2[1]") break;
+    at += e.bytes();
+  }
+  REQUIRE(at < slice.size());
+  slice[at] ^= 0x40;
+  auto bad = model::verify_slice(*m, slice.data(), slice.size(), "cache file X");
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.message(), Catch::Contains("cache file X") && Catch::Contains("tensor w2[1]") &&
+                                Catch::Contains("expected 0x"));
+  auto cut = model::verify_slice(*m, slice.data(), slice.size() - 1, "cache file X");
+  REQUIRE_FALSE(cut);
+  CHECK_THAT(cut.message(), Catch::Contains(std::to_string(slice.size() - 1) + " bytes, expected " +
+                                            std::to_string(slice.size())));
+  // Another seed: same layout, other digests, another key.
+  auto g = model::model_file::from_bytes(model::synth_bytes(*c, 6), "synth.bin");
+  REQUIRE(g);
+  auto m2 = model::make_manifest(**g, s, "synth.bin");
+  REQUIRE(m2);
+  CHECK(m2->bytes() == m->bytes());
+  CHECK(m2->digest() != m->digest());
+  auto m3 = model::make_manifest(**f, s, "renamed.bin");
+  REQUIRE(m3);
+  CHECK(m3->digest() == m->digest());  // the name is not part of the identity
+  CHECK_FALSE(model::manifest::decode("cellshard-manifest 2\n"));
+  CHECK_FALSE(model::manifest::decode("cellshard-manifest 1\nfile 10 llama2.c x\nentry h bytes 8 4 4 1 0x0000000000000000\n"));
+}
+
+TEST_CASE("manifest: a slice read from a local file with pread reads only its bytes", "[manifest]") {
+  auto c = model::synth_preset("stories260k");
+  REQUIRE(c);
+  const std::string dir = test::temp_dir("manifest-pread");
+  const std::string path = dir + "/synth.bin";
+  REQUIRE(model::synth_file(*c, 9, path));
+  auto f = model::model_file::open(path);
+  REQUIRE(f);
+  auto s = model::slice_spec::whole(*c);
+  s.layer_begin = 4;
+  s.embedding = false;
+  auto m = model::make_manifest(**f, s, "synth.bin");
+  REQUIRE(m);
+  uint64_t read = 0;
+  auto slice = model::read_slice_file(*m, path, &read);
+  REQUIRE(slice);
+  CHECK(read == m->bytes());
+  CHECK(model::verify_slice(*m, slice->data(), slice->size(), path));
+}
+
+TEST_CASE("manifest: GGUF slices (F32 mixture of experts, qwen2moe) alone compute what the file computes",
+          "[manifest][moe]") {
+  for (int shared : {0, 40}) {
+    model::config c;
+    c.dim = 64;
+    c.hidden_dim = 24;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.vocab_size = 96;
+    c.seq_len = 64;
+    c.shared_classifier = shared == 0;
+    c.n_experts = 6;
+    c.n_experts_used = 2;
+    c.shared_hidden = shared;
+    auto f = model::model_file::from_bytes(model::synth_gguf(c, 3), "synth.gguf");
+    INFO((f ? std::string() : f.message()));
+    REQUIRE(f);
+    for (const auto& s : specs_of((*f)->cfg())) same_outputs(*f, s);
+    auto stage = model::slice_spec::whole((*f)->cfg());
+    stage.routed = false;  // an expert placement's stage shard holds no routed expert
+    auto m = model::make_manifest(**f, stage, "synth.gguf");
+    REQUIRE(m);
+    for (const auto& e : m->entries) CHECK(e.name.find("_exps") == std::string::npos);
+  }
+}
+
+TEST_CASE("manifest: shared GGUF models (F32, q8_0) sliced", "[manifest][gguf]") {
+  if (!test::have_shared()) return;
+  for (auto rel : {"models/gguf/llama2-small-f32.gguf", "models/gguf/stories260K-q8_0.gguf",
+                   "models/gguf/stories260K.gguf"}) {
+    auto f = model::model_file::open(test::shared_file(rel));
+    INFO((f ? std::string() : f.message()));
+    REQUIRE(f);
+    for (const auto& s : specs_of((*f)->cfg())) same_outputs(*f, s);
+  }
+  auto f = model::model_file::open(test::shared_file("models/stories260K.bin"));
+  REQUIRE(f);
+  for (const auto& s : specs_of((*f)->cfg())) same_outputs(*f, s);
+}
