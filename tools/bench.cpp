@@ -128,8 +128,40 @@ void add_bench(CLI::App& app, int& status) {
   pb->add_option("--pairs", pe->pairs, "rows to measure (default all): f32_1t,f32_2t,q8_0_1t,q4_0_1t,"
                  "q8_0_ggml_1t,q4_0_ggml_1t")->delimiter(',');
   pb->add_option("--json", *pjson, "rows as JSON to FILE (- = stdout)");
-  pb->callback([pe, pjson, &status] {
+  auto pc = std::make_shared<peers_cluster_bench_options>();
+  auto pcluster = std::make_shared<bool>(false);
+  auto pnopipe = std::make_shared<bool>(false);
+  pb->add_flag("--cluster", *pcluster, "against distributed-llama over processes on loopback (built here with make "
+               "dllama): cellshard daemons as a tensor group and as a pipeline at each --nodes count");
+  pb->add_option("--dllama", pc->dllama, "with --cluster: distributed-llama's sources (default "
+                 "../shared/peers/distributed-llama)");
+  pb->add_option("--converter", pc->converter, "with --cluster: l2c_to_dllama.py (default "
+                 "../shared/peers/tools/l2c_to_dllama.py)");
+  pb->add_option("--config", pc->config, "with --cluster and no -m: synth preset (stories42m for a quick run)")
+      ->capture_default_str();
+  pb->add_option("--nodes", pc->nodes, "with --cluster: process counts (powers of two)")->delimiter(',')
+      ->capture_default_str();
+  pb->add_option("--out", pc->out, "with --cluster: working folder (kept; a dllama build there is reused)");
+  pb->add_option("--reduce", pc->reduce, "with --cluster: cellshard's --reduce (default: run's default)");
+  pb->add_flag("--no-pipeline", *pnopipe, "with --cluster: no cellshard pipeline rows");
+  pb->callback([pe, pjson, pc, pcluster, pnopipe, pb, &status] {
     std::vector<bench_row> rows;
+    if (*pcluster) {
+      if (pb->count("--pairs") > 0) throw cli_error("--pairs does not apply to --cluster", 2);
+      pc->model = pe->model;
+      pc->tokenizer = pe->tokenizer;
+      pc->steps = pe->steps;
+      pc->repeat = pe->repeat;
+      pc->deadline_s = pe->deadline_s;
+      pc->keep = pe->keep;
+      pc->pipeline = !*pnopipe;
+      status = run_peers_cluster_bench(*pc, rows);
+      const std::string j = print_rows(rows);
+      if (!pjson->empty()) write_text(*pjson, j);
+      return;
+    }
+    for (const char* f : {"--dllama", "--converter", "--config", "--nodes", "--out", "--reduce", "--no-pipeline"})
+      if (pb->count(f) > 0) throw cli_error(std::string(f) + " needs --cluster", 2);
     status = run_peers_bench(*pe, rows);
     const std::string j = print_rows(rows);
     if (!pjson->empty()) write_text(*pjson, j);

@@ -103,6 +103,49 @@ struct peers_bench_options {
 
 int run_peers_bench(const peers_bench_options& o, std::vector<bench_row>& rows);
 
+/// `bench peers --cluster` (issue #19): cellshard over node daemons against
+/// distributed-llama over its workers, both on loopback, same weights.
+///  - distributed-llama is built from `dllama` (its Makefile and src/ copied
+///    into OUT/dllama-build, `make dllama`; reused when OUT already holds it);
+///  - the model is `model` or `synth --config CONFIG -s 1` written to
+///    OUT/models/model.bin, converted with `converter` (l2c_to_dllama.py) to
+///    OUT/model.m and OUT/model.t (byte copies of the same f32 weights);
+///  - for each N in `nodes`: N-1 `dllama worker` processes (one thread,
+///    --net-turbo 0) and N `cellshard node --threads 1` daemons are started
+///    and kept for the `repeat` rounds; a round runs `dllama inference` (root
+///    plus workers: N processes, f32 weights, f32 sync, greedy, empty prompt,
+///    `steps` positions), `cellshard run --cluster --topology tensor` and,
+///    for N >= 2, `--topology pipeline` (same daemons, greedy, empty prompt,
+///    `steps` positions), the order reversed every other round.
+/// Rows: cellshard tok/s / distributed-llama tok/s, the median of the
+/// per-round ratios, per N and topology, with both sides' split of a token's
+/// time into compute and the rest. The two tokens/s do not count the same
+/// thing: distributed-llama's "Prediction tokens/s" is positions / the
+/// executor's time (its ops plus its syncs, summed over forwards: sampling,
+/// decoding and printing excluded); cellshard's "achieved tok/s" is positions
+/// after the first / front-end wall time from the end of the first forward to
+/// the end of the last (sampling, the logits' hop to the front end and every
+/// wait included). cellshard runs N daemons plus a front end (N + 1
+/// processes); distributed-llama's root is one of its N. Every child is
+/// SIGKILLed and reaped before the next N. Subprocesses run under
+/// `timeout deadline_s`.
+struct peers_cluster_bench_options {
+  std::string model, tokenizer;
+  std::string config = "stories110m";  // synth preset when no model
+  std::string dllama;                  // distributed-llama sources ("": ../shared/peers/distributed-llama)
+  std::string converter;               // l2c_to_dllama.py ("": ../shared/peers/tools/l2c_to_dllama.py)
+  std::string out;                     // "" = a temporary folder, removed unless keep
+  std::vector<int> nodes = {1, 2, 4};
+  int steps = 128;
+  int repeat = 3;
+  int deadline_s = 600;
+  bool pipeline = true;
+  bool keep = false;
+  std::string reduce;                  // passed to cellshard run --reduce when not empty
+};
+
+int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<bench_row>& rows);
+
 /// Prints rows as a table and returns them as JSON text.
 std::string print_rows(const std::vector<bench_row>& rows);
 
