@@ -101,6 +101,10 @@ result<void> validate_tls(const tls_files& t) {
   return {};
 }
 
+void set_idle_wake(caf::actor_system_config& cfg) {
+  cfg.set("work-stealing.moderate-poll-attempts", size_t{0});
+}
+
 result<void> configure_network(caf::actor_system_config& cfg, const net_options& o) {
   auto ok = validate_tls(o.tls);
   if (!ok) return ok;

@@ -60,6 +60,17 @@ result<void> check_tls_flags(const tls_files& t);
 /// flag, the file and OpenSSL's reason.
 result<void> validate_tls(const tls_files& t);
 
+/// Idle CAF workers wait on their condition variable at once instead of
+/// polling: CAF 0.17.6's work-stealing policy makes an idle worker spin 100
+/// times, then poll 500 times with a 50 us sleep between polls (25 ms, in
+/// which a job that arrives waits for the end of the current sleep, and the
+/// polling costs CPU that a kernel on the same core could use), and only then
+/// wait on its condition variable, which an enqueue from another thread (the
+/// middleman's) signals. This sets work-stealing.moderate-poll-attempts to 0
+/// (no sleep polling; the spin phase and the relaxed steal interval stay as
+/// they are). Measured by `bench net --idle wake` (docs/distributed.md).
+void set_idle_wake(caf::actor_system_config& cfg);
+
 /// Loads the middleman (and caf-openssl when TLS is requested), sets the
 /// heartbeat, the connection timeout, the scheduler threads and the TLS keys.
 /// Runs check_tls_flags and validate_tls first.

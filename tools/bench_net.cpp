@@ -24,6 +24,7 @@
 #include "tools/bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "actors/tls.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -36,7 +37,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <atomic>
 #include <future>
+#include <functional>
 #include <memory>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -131,6 +134,243 @@ double tcp_rtt_us(int n) {
   return median(rtt);
 }
 
+// -- payload hops: CAF against raw TCP between the same two processes ----------
+// `bench net-echo` (hidden) runs in a child process: a raw TCP echo server
+// (frames: u64 length, then the bytes; echoed whole) on one thread, and a CAF
+// actor published on the middleman that answers a partial_sum (the message
+// of the tensor reductions: a blob of floats) with the same message. The
+// bench process times both with the same payload sizes, in alternating rounds.
+
+bool read_full(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::read(fd, p, n);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool write_full(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, n);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+/// Serves framed echoes on `ls` (one connection at a time) until `stop`.
+void framed_echo_server(int ls, const std::atomic<bool>& stop) {
+  const int one = 1;
+  std::vector<char> buf;
+  while (!stop.load()) {
+    pollfd pf{ls, POLLIN, 0};
+    if (::poll(&pf, 1, 200) <= 0) continue;  // re-checks stop every 200 ms
+    const int c = ::accept(ls, nullptr, nullptr);
+    if (c < 0) continue;
+    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint64_t len = 0;
+    while (read_full(c, reinterpret_cast<char*>(&len), sizeof len) && len <= (64u << 20)) {
+      buf.resize(len);
+      if (!read_full(c, buf.data(), len) || !write_full(c, reinterpret_cast<char*>(&len), sizeof len) ||
+          !write_full(c, buf.data(), len))
+        break;
+    }
+    ::close(c);
+  }
+}
+
+/// Round trips (us) of `n` framed echoes of `bytes` on the connected socket `s`.
+std::vector<double> framed_rtts(int s, size_t bytes, int n) {
+  std::vector<char> buf(bytes, 'x'), back(bytes);
+  std::vector<double> out;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t len = bytes;
+    uint64_t got = 0;
+    const auto t0 = clk::now();
+    if (!write_full(s, reinterpret_cast<const char*>(&len), sizeof len) || !write_full(s, buf.data(), bytes) ||
+        !read_full(s, reinterpret_cast<char*>(&got), sizeof got) || got != len || !read_full(s, back.data(), bytes))
+      break;
+    out.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
+  }
+  return out;
+}
+
+/// Round trips (us) of `n` sequential partial_sum requests of `floats`
+/// floats from an event-based actor to `echo` (which returns the message).
+std::vector<double> caf_payload_rtts(caf::actor_system& sys, const caf::actor& echo, size_t floats, int n) {
+  auto done = std::make_shared<std::promise<std::vector<double>>>();
+  auto fut = done->get_future();
+  sys.spawn([echo, n, floats, done](caf::event_based_actor* self) {
+    auto samples = std::make_shared<std::vector<double>>();
+    auto step = std::make_shared<std::function<void()>>();
+    auto msg = std::make_shared<actors::partial_sum>();
+    msg->data.data.assign(floats, 0.5f);
+    *step = [=] {
+      if (static_cast<int>(samples->size()) >= n) {
+        done->set_value(*samples);
+        self->quit();
+        return;
+      }
+      const auto t0 = clk::now();
+      self->request(echo, std::chrono::seconds(10), *msg)
+          .then(
+              [=](actors::partial_sum& back) {
+                if (back.data.data.size() != floats || !back.data.ok()) {
+                  done->set_value({});
+                  self->quit();
+                  return;
+                }
+                samples->push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
+                (*step)();
+              },
+              [=](caf::error&) {
+                done->set_value(*samples);
+                self->quit();
+              });
+    };
+    (*step)();
+  });
+  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready)
+    throw cli_error("bench net: the payload ping actor did not finish within 120 s");
+  return fut.get();
+}
+
+/// The CAF settings of one idle-worker policy (`bench net --idle`), applied
+/// to both processes of the payload rows. "" or "default": as configured.
+void apply_idle(caf::actor_system_config& cfg, const std::string& idle) {
+  if (idle.empty() || idle == "default") return;
+  if (idle == "wake") {
+    actors::set_idle_wake(cfg);
+    return;
+  }
+  throw cli_error("--idle: expected default or wake, got '" + idle + "'", 2);
+}
+
+int run_net_echo(const std::string& idle, int caf_threads, int deadline_s) {
+  caf::actor_system_config cfg;
+  actors::register_messages(cfg);
+  actors::net_options no;
+  no.caf_threads = caf_threads;
+  if (auto c = actors::configure_network(cfg, no); !c) {
+    std::fprintf(stderr, "bench net-echo: %s\n", c.message().c_str());
+    return 1;
+  }
+  apply_idle(cfg, idle);
+  caf::actor_system sys{cfg};
+  auto echo = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](actors::partial_sum& x) { return std::move(x); }};
+  });
+  auto port = sys.middleman().publish(echo, 0, "127.0.0.1", true);
+  const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (!port || ls < 0 || ::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0 ||
+      ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    std::fprintf(stderr, "bench net-echo: cannot listen on loopback\n");
+    caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  std::atomic<bool> stop{false};
+  std::thread tcp([ls, &stop] { framed_echo_server(ls, stop); });
+  // Two lines: the CAF port, then the raw TCP port.
+  std::printf("listening 127.0.0.1:%u\nlistening 127.0.0.1:%u\n", static_cast<unsigned>(*port),
+              static_cast<unsigned>(ntohs(a.sin_port)));
+  std::fflush(stdout);
+  // Until stdin closes (the bench ends or dies) or the deadline.
+  pollfd pf{0, POLLIN, 0};
+  ::poll(&pf, 1, deadline_s * 1000);
+  stop = true;
+  ::shutdown(ls, SHUT_RDWR);
+  tcp.join();
+  ::close(ls);
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+/// The payload rows: `sizes` bytes, `rounds` alternating rounds of raw TCP
+/// and CAF round trips to a `bench net-echo` child; per size the median of
+/// the per-round ratios of median round trips (CAF / raw TCP).
+void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const std::string& idle, int caf_threads,
+                  std::vector<bench_row>& rows) {
+  int in_pipe[2], out_pipe[2];
+  if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0)
+    throw cli_error("bench net: cannot make pipes");
+  std::vector<std::string> args = {self_exe(), "bench", "net-echo", "--caf-threads", std::to_string(caf_threads)};
+  if (!idle.empty()) args.insert(args.end(), {"--idle", idle});
+  const pid_t pid = spawn_child(args, in_pipe[0], out_pipe[1], -1);
+  ::close(in_pipe[0]);
+  ::close(out_pipe[1]);
+  struct guard {
+    pid_t pid;
+    int in, out;
+    ~guard() {
+      ::close(in);
+      ::close(out);
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        int st = 0;
+        ::waitpid(pid, &st, 0);
+      }
+    }
+  } g{pid, in_pipe[1], out_pipe[0]};
+  if (pid < 0) throw cli_error("bench net: cannot start the echo process");
+  auto l1 = read_listening_line(out_pipe[0], std::chrono::seconds(20));
+  if (!l1) throw cli_error("bench net: the echo process did not start: " + l1.message());
+  auto l2 = read_listening_line(out_pipe[0], std::chrono::seconds(20));
+  if (!l2) throw cli_error("bench net: the echo process did not start: " + l2.message());
+  const unsigned caf_port = l1->port, tcp_port = l2->port;
+  caf::actor_system_config cfg;
+  actors::register_messages(cfg);
+  actors::net_options no;
+  no.caf_threads = caf_threads;
+  if (auto c = actors::configure_network(cfg, no); !c) throw cli_error("bench net: " + c.message());
+  apply_idle(cfg, idle);
+  caf::actor_system sys{cfg};
+  auto echo = sys.middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(caf_port));
+  if (!echo) throw cli_error("bench net: cannot reach the echo actor: " + sys.render(echo.error()));
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(tcp_port));
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    throw cli_error("bench net: cannot connect to the echo process's TCP port");
+  }
+  for (size_t bytes : sizes) {
+    const int n = std::max(20, static_cast<int>(pings * std::min<double>(1.0, 4096.0 / bytes)));
+    std::vector<double> ratios, raw_all, caf_all;
+    for (int r = 0; r < rounds; ++r) {
+      auto raw = framed_rtts(s, bytes, n);
+      auto viacaf = caf_payload_rtts(sys, *echo, bytes / sizeof(float), n);
+      if (raw.empty() || viacaf.empty()) throw cli_error("bench net: a payload round trip failed");
+      const double mr = median(raw), mc = median(viacaf);
+      ratios.push_back(mc / mr);
+      raw_all.push_back(mr / 2);
+      caf_all.push_back(mc / 2);
+      std::fprintf(stderr, "payload %zu B, round %d: CAF hop %.1f us, raw TCP %.1f us (half round trips), x%.2f\n",
+                   bytes, r + 1, mc / 2, mr / 2, mc / mr);
+    }
+    const std::string sz = bytes >= (1u << 20) ? std::to_string(bytes >> 20) + " MiB"
+                                               : std::to_string(bytes >> 10) + " KiB";
+    rows.push_back({"net.hop_payload",
+                    {{"payload", sz}, {"pings", std::to_string(n)}, {"rounds", std::to_string(rounds)},
+                     {"idle", idle.empty() ? "default" : idle}, {"goal", "<= 2x"}},
+                    median(caf_all), "us", median(raw_all),
+                    "half a raw TCP round trip of the same bytes between the same two processes, same run",
+                    median(ratios)});
+  }
+  ::close(s);
+  caf::anon_send_exit(*echo, caf::exit_reason::user_shutdown);
+}
+
 /// Median round trip of `n` sequential (stats_atom) requests from an
 /// event-based actor to a daemon actor, in microseconds.
 double caf_rtt_us(caf::actor_system& sys, const caf::actor& daemon, int n) {
@@ -209,9 +449,17 @@ struct net_bench_options {
   int pings = 2000;
   bool skip_tls = false;
   int caf_threads = 2;
+  std::vector<size_t> payloads = {1024, 64 * 1024, 1024 * 1024};
+  int payload_rounds = 3;
+  std::vector<std::string> idle = {"default"};
+  bool payload_only = false;
 };
 
 int run_net_bench(const net_bench_options& o, std::vector<bench_row>& rows) {
+  // The payload hops against raw TCP between the same two processes.
+  for (const auto& idle : o.idle) payload_rows(o.payloads, o.pings, o.payload_rounds, idle, o.caf_threads, rows);
+  if (o.payload_only) return 0;
+
   loaded_model lm = load_model(o.model, o.tokenizer);
   struct stat sb;
   if (::stat(lm.file->path().c_str(), &sb) != 0)
@@ -362,6 +610,13 @@ void add_bench_net(CLI::App& app, int& status) {
   cmd->add_option("--pings", o->pings, "round trips per hop measurement")->capture_default_str();
   cmd->add_flag("--skip-tls", o->skip_tls, "leave out the TLS rows");
   cmd->add_option("--caf-threads", o->caf_threads, "CAF scheduler threads of the front end")->capture_default_str();
+  cmd->add_option("--payloads", o->payloads, "payload sizes in bytes of the hop-vs-raw-TCP rows")->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--payload-rounds", o->payload_rounds, "alternating rounds per payload size (median of ratios)")
+      ->capture_default_str();
+  cmd->add_option("--idle", o->idle, "idle-worker policies of both processes of the payload rows: default "
+                  "(as daemons run), wake (actors::set_idle_wake)")->delimiter(',')->capture_default_str();
+  cmd->add_flag("--payload-only", o->payload_only, "only the payload rows (no model needed)");
   cmd->add_option("--json", *json, "rows as JSON to FILE (- = stdout)");
   cmd->callback([o, json, &status] {
     std::vector<bench_row> rows;
@@ -369,6 +624,15 @@ void add_bench_net(CLI::App& app, int& status) {
     const std::string j = print_rows(rows);
     if (!json->empty()) write_text(*json, j);
   });
+  // The other process of the payload rows (not for users: no help entry).
+  auto eidle = std::make_shared<std::string>();
+  auto ethreads = std::make_shared<int>(2);
+  auto edeadline = std::make_shared<int>(1800);
+  auto* echo = bench->add_subcommand("net-echo", "")->group("");
+  echo->add_option("--idle", *eidle, "");
+  echo->add_option("--caf-threads", *ethreads, "");
+  echo->add_option("--deadline", *edeadline, "");
+  echo->callback([eidle, ethreads, edeadline, &status] { status = run_net_echo(*eidle, *ethreads, *edeadline); });
 }
 
 }  // namespace cellshard::tools
