@@ -123,6 +123,18 @@ result<void> configure_network(caf::actor_system_config& cfg, const net_options&
   // also the faster setting on 2 cores (CAF-0.17.md §3).
   cfg.set("middleman.workers", size_t{0});
   if (o.caf_threads > 0) cfg.set("scheduler.max-threads", static_cast<size_t>(o.caf_threads));
+  // How idle CAF workers wait (set_idle_wake), for every process configured
+  // here (daemons, front ends): wake by default; CELLSHARD_CAF_IDLE=poll
+  // keeps CAF 0.17.6's sleep polling (for comparisons). Measured by `bench
+  // peers --cluster --caf-idle poll,wake`: the polling workers took the
+  // kernel thread's CPU (busiest daemon 18-20 ms of kernels per position
+  // against 4-5 ms with wake, stories42m over 2 and 4 daemons on 2 cores),
+  // and tokens/s rose 2.5-4.2x (docs/distributed.md).
+  const char* idle = std::getenv("CELLSHARD_CAF_IDLE");
+  const std::string policy = idle ? idle : "";
+  if (policy.empty() || policy == "wake") set_idle_wake(cfg);
+  else if (policy != "poll")
+    return make_error("CELLSHARD_CAF_IDLE: expected poll or wake, got '" + policy + "'");
   if (o.tls.requested()) {
     cfg.load<caf::openssl::manager>();
     cfg.set("openssl.certificate", o.tls.cert);

@@ -143,6 +143,8 @@ void add_bench(CLI::App& app, int& status) {
       ->capture_default_str();
   pb->add_option("--out", pc->out, "with --cluster: working folder (kept; a dllama build there is reused)");
   pb->add_option("--reduce", pc->reduce, "with --cluster: cellshard's --reduce (default: run's default)");
+  pb->add_option("--caf-idle", pc->idle, "with --cluster: idle-worker policies of cellshard's processes to compare "
+                 "(poll, wake; CELLSHARD_CAF_IDLE)")->delimiter(',')->capture_default_str();
   pb->add_flag("--no-pipeline", *pnopipe, "with --cluster: no cellshard pipeline rows");
   pb->callback([pe, pjson, pc, pcluster, pnopipe, pb, &status] {
     std::vector<bench_row> rows;
@@ -160,7 +162,8 @@ void add_bench(CLI::App& app, int& status) {
       if (!pjson->empty()) write_text(*pjson, j);
       return;
     }
-    for (const char* f : {"--dllama", "--converter", "--config", "--nodes", "--out", "--reduce", "--no-pipeline"})
+    for (const char* f : {"--dllama", "--converter", "--config", "--nodes", "--out", "--reduce", "--no-pipeline",
+                          "--caf-idle"})
       if (pb->count(f) > 0) throw cli_error(std::string(f) + " needs --cluster", 2);
     status = run_peers_bench(*pe, rows);
     const std::string j = print_rows(rows);

@@ -142,6 +142,10 @@ struct peers_cluster_bench_options {
   bool pipeline = true;
   bool keep = false;
   std::string reduce;                  // passed to cellshard run --reduce when not empty
+  /// Idle-worker policies of cellshard's daemons and front end
+  /// (CELLSHARD_CAF_IDLE: poll or wake, actors/tls.hpp); one daemon set and
+  /// one contender per topology each.
+  std::vector<std::string> idle = {"poll"};
 };
 
 int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<bench_row>& rows);

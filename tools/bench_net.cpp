@@ -27,7 +27,10 @@
 #include "actors/tls.hpp"
 
 #include <caf/all.hpp>
+#include <caf/defaults.hpp>
 #include <caf/io/all.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/binary_deserializer.hpp>
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -238,15 +241,47 @@ std::vector<double> caf_payload_rtts(caf::actor_system& sys, const caf::actor& e
   return fut.get();
 }
 
+/// Median microseconds to serialise one partial_sum of `floats` floats (the
+/// blob's encode with its XXH64, then CAF's binary serializer) and to
+/// deserialise it (CAF's binary deserializer, then decode with the checksum
+/// check), on this thread: the part of a hop that is copying and hashing.
+std::pair<double, double> ser_deser_us(caf::actor_system& sys, size_t floats, int n) {
+  actors::partial_sum m;
+  m.data.data.assign(floats, 0.5f);
+  std::vector<double> ser, de;
+  std::vector<char> buf;  // reused, as the middleman reuses its buffers (a fresh 1 MiB one page-faults)
+  for (int i = 0; i < n; ++i) {
+    buf.clear();
+    const auto t0 = clk::now();
+    caf::binary_serializer sink{sys, buf};
+    if (sink(m)) throw cli_error("bench net: serialising a partial_sum failed");
+    const auto t1 = clk::now();
+    actors::partial_sum back;
+    caf::binary_deserializer source{sys, buf};
+    if (source(back) || back.data.data.size() != floats || !back.data.ok())
+      throw cli_error("bench net: deserialising a partial_sum failed");
+    const auto t2 = clk::now();
+    ser.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    de.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+  }
+  return {median(ser), median(de)};
+}
+
 /// The CAF settings of one idle-worker policy (`bench net --idle`), applied
-/// to both processes of the payload rows. "" or "default": as configured.
+/// to both processes of the payload rows after configure_network: default
+/// (what configure_network chose: wake unless CELLSHARD_CAF_IDLE=poll), poll
+/// (CAF 0.17.6's sleep polling) or wake (actors::set_idle_wake).
 void apply_idle(caf::actor_system_config& cfg, const std::string& idle) {
   if (idle.empty() || idle == "default") return;
   if (idle == "wake") {
     actors::set_idle_wake(cfg);
     return;
   }
-  throw cli_error("--idle: expected default or wake, got '" + idle + "'", 2);
+  if (idle == "poll") {
+    cfg.set("work-stealing.moderate-poll-attempts", caf::defaults::work_stealing::moderate_poll_attempts);
+    return;
+  }
+  throw cli_error("--idle: expected default, poll or wake, got '" + idle + "'", 2);
 }
 
 int run_net_echo(const std::string& idle, int caf_threads, int deadline_s) {
@@ -360,9 +395,20 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
     }
     const std::string sz = bytes >= (1u << 20) ? std::to_string(bytes >> 20) + " MiB"
                                                : std::to_string(bytes >> 10) + " KiB";
+    const auto sd = ser_deser_us(sys, bytes / sizeof(float), std::max(5, std::min(n, 200)));
+    const double hop = median(caf_all), raw = median(raw_all);
+    std::fprintf(stderr, "payload %s: CAF hop %.1f us = raw TCP %.1f us + serialise %.1f us + deserialise %.1f us "
+                 "(blob encode/decode with XXH64 and CAF's binary (de)serializer, measured alone) + the rest "
+                 "%.1f us (thread hand-offs: sending actor -> middleman thread -> socket -> middleman thread -> "
+                 "receiving actor's worker, BASP framing)\n",
+                 sz.c_str(), hop, raw, sd.first, sd.second, hop - raw - sd.first - sd.second);
+    char b1[32], b2[32];
+    std::snprintf(b1, sizeof b1, "%.1f", sd.first);
+    std::snprintf(b2, sizeof b2, "%.1f", sd.second);
     rows.push_back({"net.hop_payload",
                     {{"payload", sz}, {"pings", std::to_string(n)}, {"rounds", std::to_string(rounds)},
-                     {"idle", idle.empty() ? "default" : idle}, {"goal", "<= 2x"}},
+                     {"idle", idle.empty() ? "default" : idle}, {"goal", "<= 2x"},
+                     {"ser_us", b1}, {"deser_us", b2}},
                     median(caf_all), "us", median(raw_all),
                     "half a raw TCP round trip of the same bytes between the same two processes, same run",
                     median(ratios)});
@@ -451,7 +497,7 @@ struct net_bench_options {
   int caf_threads = 2;
   std::vector<size_t> payloads = {1024, 64 * 1024, 1024 * 1024};
   int payload_rounds = 3;
-  std::vector<std::string> idle = {"default"};
+  std::vector<std::string> idle = {"poll", "wake"};
   bool payload_only = false;
 };
 
@@ -615,7 +661,7 @@ void add_bench_net(CLI::App& app, int& status) {
   cmd->add_option("--payload-rounds", o->payload_rounds, "alternating rounds per payload size (median of ratios)")
       ->capture_default_str();
   cmd->add_option("--idle", o->idle, "idle-worker policies of both processes of the payload rows: default "
-                  "(as daemons run), wake (actors::set_idle_wake)")->delimiter(',')->capture_default_str();
+                  "(as daemons run), poll (CAF's sleep polling), wake (actors::set_idle_wake)")->delimiter(',')->capture_default_str();
   cmd->add_flag("--payload-only", o->payload_only, "only the payload rows (no model needed)");
   cmd->add_option("--json", *json, "rows as JSON to FILE (- = stdout)");
   cmd->callback([o, json, &status] {

@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <memory>
 #include <vector>
 
 namespace cellshard::tools {
@@ -473,21 +474,6 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         fail(werr);
         break;
       }
-      actors::local_daemon_options dopt;
-      dopt.models_dir = mdir;
-      dopt.extra_args = {"--threads", "1", "--blas-threads", "1", "-q"};
-      dopt.log_dir = dir + "/daemons-" + std::to_string(n);
-      std::system(("mkdir -p " + quote(dopt.log_dir)).c_str());
-      auto daemons = actors::local_daemons::start(n, 0, dopt);
-      if (!daemons) {
-        fail("cellshard daemons: " + daemons.message());
-        break;
-      }
-      const std::string cfile = dir + "/cluster-" + std::to_string(n) + ".json";
-      if (auto w = (*daemons)->write_cluster_file(cfile); !w) {
-        fail(w.message());
-        break;
-      }
       std::string dcmd = quote(dllama) + " inference --model " + quote(dm) + " --tokenizer " + quote(dt) +
                          " --buffer-float-type f32 --nthreads 1 --steps " + std::to_string(o.steps) +
                          " --prompt '' --temperature 0 --net-turbo 0";
@@ -495,10 +481,33 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         dcmd += " --workers";
         for (const auto& a : workers.addresses()) dcmd += " " + a;
       }
-      const std::string ccmd = "OPENBLAS_NUM_THREADS=1 " + quote(self) + " run -q -m " + quote(model) + " -z " +
-                               quote(mtok) + " --cluster " + quote(cfile) + " -t 0 -n " + std::to_string(o.steps) +
-                               " --kernels native --threads 1" + (o.reduce.empty() ? "" : " --reduce " + quote(o.reduce)) +
-                               " --json " + quote(dir + "/run.json");
+      // One set of daemons per idle-worker policy (CELLSHARD_CAF_IDLE, read
+      // by actors::configure_network in every daemon and front end); the
+      // idle set waits on its condition variables while the other runs.
+      std::vector<std::unique_ptr<actors::local_daemons>> sets;
+      std::vector<std::string> cfiles;
+      for (const auto& idle : o.idle) {
+        actors::local_daemon_options dopt;
+        dopt.models_dir = mdir;
+        dopt.extra_args = {"--threads", "1", "--blas-threads", "1", "-q"};
+        dopt.log_dir = dir + "/daemons-" + std::to_string(n) + "-" + idle;
+        std::system(("mkdir -p " + quote(dopt.log_dir)).c_str());
+        ::setenv("CELLSHARD_CAF_IDLE", idle.c_str(), 1);  // no threads run here: the children inherit it
+        auto daemons = actors::local_daemons::start(n, 0, dopt);
+        ::unsetenv("CELLSHARD_CAF_IDLE");
+        if (!daemons) {
+          fail("cellshard daemons: " + daemons.message());
+          break;
+        }
+        const std::string cfile = dir + "/cluster-" + std::to_string(n) + "-" + idle + ".json";
+        if (auto w = (*daemons)->write_cluster_file(cfile); !w) {
+          fail(w.message());
+          break;
+        }
+        sets.push_back(std::move(*daemons));
+        cfiles.push_back(cfile);
+      }
+      if (status != 0) break;
       struct contender {
         std::string name, cmd;
         bool dllama;
@@ -506,10 +515,19 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         bool ok = true;
       };
       std::vector<contender> cs = {{"distributed-llama", dcmd, true, {}}};
-      if (n == 1) cs.push_back({"cellshard", ccmd, false, {}});
-      else {
-        cs.push_back({"cellshard tensor", ccmd + " --topology tensor", false, {}});
-        if (o.pipeline) cs.push_back({"cellshard pipeline", ccmd + " --topology pipeline", false, {}});
+      for (size_t k = 0; k < o.idle.size(); ++k) {
+        const std::string ccmd = "CELLSHARD_CAF_IDLE=" + o.idle[k] + " OPENBLAS_NUM_THREADS=1 " + quote(self) +
+                                 " run -q -m " + quote(model) + " -z " + quote(mtok) + " --cluster " +
+                                 quote(cfiles[k]) + " -t 0 -n " + std::to_string(o.steps) +
+                                 " --kernels native --threads 1" +
+                                 (o.reduce.empty() ? "" : " --reduce " + quote(o.reduce)) + " --json " +
+                                 quote(dir + "/run.json");
+        const std::string tag = o.idle.size() > 1 ? " " + o.idle[k] : "";
+        if (n == 1) cs.push_back({"cellshard" + tag, ccmd, false, {}});
+        else {
+          cs.push_back({"cellshard tensor" + tag, ccmd + " --topology tensor", false, {}});
+          if (o.pipeline) cs.push_back({"cellshard pipeline" + tag, ccmd + " --topology pipeline", false, {}});
+        }
       }
       for (int rep = 0; rep < o.repeat && status == 0; ++rep) {
         std::vector<size_t> order;
@@ -573,10 +591,14 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
           std::snprintf(b, sizeof b, "%.*f", prec, v);
           return std::string(b);
         };
-        const bool tensor = c.name != "cellshard pipeline";
+        const bool tensor = c.name.find("pipeline") == std::string::npos;
         bench_row row;
         row.name = std::string("peers_cluster_") + (n == 1 ? "1" : tensor ? "tensor" + std::to_string(n)
                                                                           : "pipeline" + std::to_string(n));
+        for (const auto& idle : o.idle)
+          if (o.idle.size() > 1 && c.name.size() > idle.size() &&
+              c.name.compare(c.name.size() - idle.size(), idle.size(), idle) == 0)
+            row.name += "_" + idle;
         row.params = {{"processes", std::to_string(n)},
                       {"steps", std::to_string(o.steps)},
                       {"rounds", std::to_string(c.s.size())},
