@@ -114,6 +114,38 @@ void add_bench(CLI::App& app, int& status) {
     if (!rjson->empty()) write_text(*rjson, j);
   });
 
+  auto fl = std::make_shared<failures_bench_options>();
+  auto fljson = std::make_shared<std::string>();
+  auto* flb = bench->add_subcommand("failures", "goodput over node daemons with a daemon killed (or frozen) every "
+                                   "few seconds, against the planner's failure simulation (issue #25)");
+  flb->add_option("-m,--model", fl->model, "model (default: a synthetic 8-layer model written to --out)");
+  flb->add_option("-z,--tokenizer", fl->tokenizer, "tokenizer (default with the synthetic model: models/tok512.bin)");
+  flb->add_option("--topology", fl->topology, "placement over the daemons")->capture_default_str();
+  flb->add_option("--nodes", fl->nodes, "working daemons")->capture_default_str();
+  flb->add_option("--spares", fl->spares, "spare daemons (default: one per failure, plus one)");
+  flb->add_option("--duration", fl->duration_s, "seconds of each phase (fault-free, with failures)")
+      ->capture_default_str();
+  flb->add_option("--every", fl->every_s, "seconds between two failures")->capture_default_str();
+  flb->add_option("--signal", fl->signal, "kill (SIGKILL: the connection drops) or stop (SIGSTOP: silent)")
+      ->capture_default_str();
+  flb->add_option("--batch", fl->batch, "concurrent sessions, each running requests back to back")
+      ->capture_default_str();
+  flb->add_option("-n,--steps", fl->steps, "positions per request")->capture_default_str();
+  flb->add_option("--checkpoint-every", fl->checkpoint_every, "positions between KV checkpoints")
+      ->capture_default_str();
+  flb->add_option("--rounds", fl->rounds, "pairs of phases (fault-free, with failures); the ratio is their "
+                  "median")->capture_default_str();
+  flb->add_option("--out", fl->out, "folder for the daemons' logs, the model and failures.json")
+      ->capture_default_str();
+  flb->add_option("--json", *fljson, "rows as JSON to FILE (- = stdout)");
+  flb->callback([fl, fljson, &status] {
+    std::vector<bench_row> rows;
+    status = run_failures_bench(*fl, rows);
+    const std::string j = print_rows(rows);
+    write_text(fl->out + "/failures.json", j);
+    if (!fljson->empty()) write_text(*fljson, j);
+  });
+
   auto pe = std::make_shared<peers_bench_options>();
   auto pjson = std::make_shared<std::string>();
   auto* pb = bench->add_subcommand("peers", "decode tokens/s against llama2.c's run.c and its OpenMP build "

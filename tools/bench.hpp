@@ -77,6 +77,28 @@ struct recovery_process_bench_options {
 
 int run_recovery_process_bench(const recovery_process_bench_options& o, std::vector<bench_row>& rows);
 
+/// `bench failures` (issue #25): goodput of node daemons on loopback without
+/// and with one working daemon signalled (SIGKILL, or SIGSTOP: silent) every
+/// `every_s`, spares taking over, against topologies::simulate of the same
+/// layout (tools/bench_failures.cpp says what is compared).
+struct failures_bench_options {
+  std::string model, tokenizer;  // "": a synthetic 8-layer model written to `out`, tok512
+  std::string topology = "pipeline";
+  int nodes = 8;           // working daemons
+  int spares = -1;         // -1: one per failure in the window, plus one
+  double duration_s = 60;  // each phase
+  double every_s = 10;     // between two signals
+  std::string signal = "kill";  // kill | stop
+  int batch = 2;           // concurrent sessions (closed loop)
+  int steps = 64;          // positions per request
+  int checkpoint_every = 16;
+  int rounds = 3;          // (fault-free, with failures) pairs; killed daemons restarted between rounds
+  int deadline_s = 60;     // for the sessions still running at the end of a phase
+  std::string out = "bench-failures";
+};
+
+int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& rows);
+
 /// `bench peers` (issue #18): builds llama2.c's run.c (`gcc -Ofast
 /// -march=native run.c -lm`, and with -fopenmp as runomp) into a temporary
 /// folder and runs it and `cellshard run --kernels native` in alternation

@@ -532,7 +532,7 @@ void add_plan(CLI::App& app, int& status) {
   g->add_option("--amortisation-years", o->amortisation, "hardware amortisation (3)");
   g->add_option("--price", o->price, "USD per node (hardware preset)");
   g->add_option("--failures-per-year", o->failures, "failures per node-year (hardware preset)");
-  g->add_option("--detect-ms", o->detect_ms, "time to detect a failed node (365, measured)");
+  g->add_option("--detect-ms", o->detect_ms, "time to detect a failed (silent) node (745, measured)");
   g->add_option("--recover-ms", o->recover_ms, "runtime recovery besides reload and replay (1.2, measured)");
   g->add_option("--efficiency", o->efficiency, "fraction of peak bandwidth/FLOP/s (1, or calibrated)");
   g->add_option("--link-efficiency", o->link_efficiency, "payload / line rate (0.941)");

@@ -87,12 +87,16 @@ struct plan_assumptions {
   /// TCP payload / line rate: 941 Mbit/s on gigabit Ethernet at MTU 1500
   /// (HARDWARE.md "Reference hardware", measured, itecnotes).
   double link_efficiency = 0.941;
-  /// Detection of a silent node (a dead machine says nothing): measured
-  /// here, `cellshard run --nodes 3 --spares 1 --fault
-  /// silence:node=1:step=50` on stories260K: detect_ms 359, 369, 367; `bench
-  /// recovery` (docs/performance.md): 291-379 ms (phi accrual, 100 ms
-  /// heartbeats; DESIGN.md detection layer 2).
-  double detect_s = 0.365;
+  /// Detection of a silent node (a dead machine says nothing): phi accrual
+  /// on 100 ms heartbeats, then a round of direct and indirect probes
+  /// before any restart (issue #20; docs/reliability.md). Measured
+  /// 2026-12-01: `cellshard bench failures --signal stop --nodes 8 --every 10
+  /// --rounds 2` (8 daemons, 10 SIGSTOPs): 711-771 ms, mean 745 ms; `run
+  /// --nodes 3 --spares 1 --fault silence:node=1:step=50` on stories260K:
+  /// 733, 751, 754 ms. (Before the probes: 359-369 ms.) A process that dies
+  /// with its host up (SIGKILL: the connection drops) is detected in tens of
+  /// ms instead (`bench failures --signal kill`: mean 74 ms).
+  double detect_s = 0.745;
   /// The runtime's own recovery (respawn, KV restore from checkpoint deltas,
   /// re-send): `bench recovery`, pipeline, silence, K = 16: 1.17-1.42 ms
   /// (docs/performance.md). The replay of lost positions and the reload of

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -179,4 +180,40 @@ TEST_CASE("bench recovery --processes: rows, goals and the timeline", "[tools][p
   const std::string png = test::read_file(out + "/recovery_timeline.png");
   REQUIRE(png.size() > 8);
   CHECK(png.substr(1, 3) == "PNG");
+}
+
+TEST_CASE("bench failures: a daemon killed mid-load is recorded and set against the simulation",
+          "[tools][processes][bench]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("bench-failures");
+  const std::string models = private_models(dir);
+  const std::string out = dir + "/out";
+  // Two working daemons (entry + one), one round of 4 s phases, a SIGKILL at 2 s.
+  auto r = test::run_command({test::cellshard_bin(), "bench", "failures", "-m", models + "/stories260K.bin", "-z",
+                              models + "/tok512.bin", "--nodes", "2", "--duration", "4", "--every", "2", "--rounds",
+                              "1", "-n", "48", "--out", out, "--json", dir + "/rows.json"},
+                             150);
+  INFO(r.out << "\n" << r.err);
+  CHECK(r.status == 0);
+  CHECK(processes_with(models) == 0);
+  const auto rows = nlohmann::json::parse(test::read_file(dir + "/rows.json"));
+  CHECK(rows == nlohmann::json::parse(test::read_file(out + "/failures.json")));
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& row : rows) by_name[row.at("name")] = row;
+  REQUIRE(by_name.count("failures.count"));
+  CHECK(by_name["failures.count"].at("value").get<double>() == 1);
+  CHECK(by_name["failures.goodput_free"].at("value").get<double>() > 0);
+  CHECK(by_name["failures.goodput_with_failures"].at("value").get<double>() > 0);
+  // A killed daemon's connection drops: detected well before the heartbeat
+  // detector's verdict on a silent node.
+  const double detect = by_name["failures.detect_ms"].at("value").get<double>();
+  CHECK(detect >= 0);
+  CHECK(by_name["failures.detect_ms"].at("baseline").get<double>() == Approx(745));
+  // The simulation: with failures it delivers less than without, and a
+  // failure's downtime is at least detection + the runtime's recovery.
+  const double sim_fraction = by_name["failures.goodput_fraction"].at("baseline").get<double>();
+  CHECK(sim_fraction > 0);
+  CHECK(sim_fraction < 1);
+  CHECK(by_name["failures.stall_beyond_tpot_ms"].at("baseline").get<double>() >= 745 + 1.2);
+  CHECK(by_name["failures.stall_beyond_tpot_ms_vs_sim_measured_detect"].at("baseline").get<double>() >= detect);
 }
