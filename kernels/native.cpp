@@ -706,59 +706,126 @@ CS_VNNI inline __m512i spread2(int first) {
 }
 
 // q4_0 x q8_0: 8 blocks per step (two groups into a0 and a1), then one
-// group of 4 into a0, then single blocks (256-bit) into t.
-CS_VNNI void q4_q8_vnni(float* out, const q4_block* W, std::size_t stride, const q8_block* xq, int r0,
-                        int r1, int cols) {
+// group of 4 into a0, then single blocks (256-bit) into t. NR rows (1..4)
+// per pass share the loads of the rearranged x and prefetch `pf` bytes
+// ahead, as quant_avx512_rows; a row's operations do not depend on NR.
+// The 8 scales of a step are converted together (group_scales_avx512),
+// the same values as 4 at a time (scales4).
+template <int NR>
+CS_VNNI inline void q4_q8_vnni_rows(const q4_block* const* row, const vnni_x& v, const q8_block* xq, float* res,
+                                    int cols, std::ptrdiff_t pf) {
   const int nb = q8_blocks_per_row(cols), ng = nb / 4;
-  vnni_x& v = vnni_scratch();
-  prepare_q4_x(v, xq, nb);
   const __m512i sp0 = spread4(0), sp1 = spread4(4);
-  for (int r = r0; r < r1; ++r) {
-    const q4_block* row = reinterpret_cast<const q4_block*>(reinterpret_cast<const char*>(W) + r * stride);
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int g = 0;
-    for (; g + 2 <= ng; g += 2) {
-      const __m512i c0 = q4_group(row + 4 * g, v, g), c1 = q4_group(row + 4 * g + 4, v, g + 1);
-      const __m512 s8 = _mm512_castps256_ps512(
-          _mm256_set_m128(scales4(row + 4 * g + 4, &v.dx[4 * g + 4]), scales4(row + 4 * g, &v.dx[4 * g])));
-      a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), _mm512_permutexvar_ps(sp0, s8), a0);
-      a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), _mm512_permutexvar_ps(sp1, s8), a1);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  __m512 a0[NR], a1[NR];
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+  int g = 0;
+  for (; g + 2 <= ng; g += 2) {
+    const __m512i xa0 = _mm512_loadu_si512(&v.a[64 * g]), xb0 = _mm512_loadu_si512(&v.b[64 * g]);
+    const __m512i xa1 = _mm512_loadu_si512(&v.a[64 * g + 64]), xb1 = _mm512_loadu_si512(&v.b[64 * g + 64]);
+    const __m512i k0 = _mm512_loadu_si512(&v.corr[16 * g]), k1 = _mm512_loadu_si512(&v.corr[16 * g + 16]);
+    const __m256 dx = _mm256_loadu_ps(&v.dx[4 * g]);
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const q4_block* b = row[i] + 4 * g;
+      const char* p = reinterpret_cast<const char*>(b);
+      CS_UNROLL
+      for (int l = 0; l < 3; ++l) _mm_prefetch(p + pf + 64 * l, _MM_HINT_T0);
+      const __m512 s8 = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(group_scales_avx512(b)), dx));
+      const __m512i q0 = q4_gather4(b), q1 = q4_gather4(b + 4);
+      __m512i c0 = _mm512_dpbusd_epi32(k0, _mm512_and_si512(q0, m4), xa0);
+      c0 = _mm512_dpbusd_epi32(c0, _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xb0);
+      __m512i c1 = _mm512_dpbusd_epi32(k1, _mm512_and_si512(q1, m4), xa1);
+      c1 = _mm512_dpbusd_epi32(c1, _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xb1);
+      a0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), _mm512_permutexvar_ps(sp0, s8), a0[i]);
+      a1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), _mm512_permutexvar_ps(sp1, s8), a1[i]);
     }
+  }
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) {
     if (g < ng) {
-      const __m512 s4 = _mm512_castps128_ps512(scales4(row + 4 * g, &v.dx[4 * g]));
-      a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4_group(row + 4 * g, v, g)), _mm512_permutexvar_ps(sp0, s4), a0);
+      const __m512 s4 = _mm512_castps128_ps512(scales4(row[i] + 4 * g, &v.dx[4 * g]));
+      a0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q4_group(row[i] + 4 * g, v, g)), _mm512_permutexvar_ps(sp0, s4), a0[i]);
     }
     __m256 t = _mm256_setzero_ps();
     for (int b = 4 * ng; b < nb; ++b)
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_tail_vnni(row[b], xq[b])),
-                          _mm256_set1_ps(_cvtsh_ss(row[b].d) * v.dx[b]), t);
-    out[r] = hsum512(_mm512_add_ps(a0, a1)) + hsum256(t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_tail_vnni(row[i][b], xq[b])),
+                          _mm256_set1_ps(_cvtsh_ss(row[i][b].d) * v.dx[b]), t);
+    res[i] = hsum512(_mm512_add_ps(a0[i], a1[i])) + hsum256(t);
+  }
+}
+
+CS_VNNI void q4_q8_vnni(float* out, const q4_block* W, std::size_t stride, const q8_block* xq, int r0,
+                        int r1, int cols) {
+  vnni_x& v = vnni_scratch();
+  prepare_q4_x(v, xq, q8_blocks_per_row(cols));
+  auto row_at = [&](int r) { return reinterpret_cast<const q4_block*>(reinterpret_cast<const char*>(W) + r * stride); };
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const q4_block* rows[4] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3)};
+    q4_q8_vnni_rows<4>(rows, v, xq, out + r, cols, 4 * static_cast<std::ptrdiff_t>(stride));
+  }
+  for (; r < r1; ++r) {
+    const q4_block* rows[1] = {row_at(r)};
+    q4_q8_vnni_rows<1>(rows, v, xq, out + r, cols, static_cast<std::ptrdiff_t>(stride));
   }
 }
 
 // q8_0 x q8_0: 4 blocks per step (two pairs into a0 and a1), then single
-// blocks (256-bit) into t.
+// blocks (256-bit) into t; NR rows per pass as q4_q8_vnni_rows.
+template <int NR>
+CS_VNNI inline void q8_q8_vnni_rows(const q8_block* const* row, const vnni_x& v, float* res, int cols,
+                                    std::ptrdiff_t pf) {
+  const int nb = q8_blocks_per_row(cols);
+  const __m512i sp0 = spread2(0), sp1 = spread2(2);
+  const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 a0[NR], a1[NR];
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+  int b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    const __m512i u0 = _mm512_loadu_si512(&v.a[32 * b]), u1 = _mm512_loadu_si512(&v.a[32 * b + 64]);
+    const __m128 dx = _mm_loadu_ps(&v.dx[b]);
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const q8_block* w = row[i] + b;
+      const char* p = reinterpret_cast<const char*>(w);
+      CS_UNROLL
+      for (int l = 0; l < 3; ++l) _mm_prefetch(p + pf + 64 * l, _MM_HINT_T0);
+      const __m512 s4 = _mm512_castps128_ps512(_mm_mul_ps(_mm512_castps512_ps128(group_scales_avx512(w)), dx));
+      const __m512i q0 = q8_gather2(w), q1 = q8_gather2(w + 2);
+      const __m512i p0 = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, q0),
+                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, q0));
+      const __m512i p1 = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, q1),
+                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, q1));
+      a0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(sp0, s4), a0[i]);
+      a1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(sp1, s4), a1[i]);
+    }
+  }
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) {
+    __m256 t = _mm256_setzero_ps();
+    for (int k = b; k < nb; ++k)
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_tail_vnni(row[i][k], &v.a[32 * k])),
+                          _mm256_set1_ps(_cvtsh_ss(row[i][k].d) * v.dx[k]), t);
+    res[i] = hsum512(_mm512_add_ps(a0[i], a1[i])) + hsum256(t);
+  }
+}
+
 CS_VNNI void q8_q8_vnni(float* out, const q8_block* W, std::size_t stride, const q8_block* xq, int r0,
                         int r1, int cols) {
-  const int nb = q8_blocks_per_row(cols);
   vnni_x& v = vnni_scratch();
-  prepare_q8_x(v, xq, nb);
-  const __m512i sp0 = spread2(0), sp1 = spread2(2);
-  for (int r = r0; r < r1; ++r) {
-    const q8_block* row = reinterpret_cast<const q8_block*>(reinterpret_cast<const char*>(W) + r * stride);
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 4 <= nb; b += 4) {
-      const __m512i p0 = q8_pair(row + b, &v.a[32 * b]), p1 = q8_pair(row + b + 2, &v.a[32 * b + 64]);
-      const __m512 s4 = _mm512_castps128_ps512(scales4(row + b, &v.dx[b]));
-      a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(sp0, s4), a0);
-      a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(sp1, s4), a1);
-    }
-    __m256 t = _mm256_setzero_ps();
-    for (; b < nb; ++b)
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8_tail_vnni(row[b], &v.a[32 * b])),
-                          _mm256_set1_ps(_cvtsh_ss(row[b].d) * v.dx[b]), t);
-    out[r] = hsum512(_mm512_add_ps(a0, a1)) + hsum256(t);
+  prepare_q8_x(v, xq, q8_blocks_per_row(cols));
+  auto row_at = [&](int r) { return reinterpret_cast<const q8_block*>(reinterpret_cast<const char*>(W) + r * stride); };
+  int r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const q8_block* rows[4] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3)};
+    q8_q8_vnni_rows<4>(rows, v, out + r, cols, 4 * static_cast<std::ptrdiff_t>(stride));
+  }
+  for (; r < r1; ++r) {
+    const q8_block* rows[1] = {row_at(r)};
+    q8_q8_vnni_rows<1>(rows, v, out + r, cols, static_cast<std::ptrdiff_t>(stride));
   }
 }
 
