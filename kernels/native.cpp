@@ -494,13 +494,25 @@ CS_AVX512 inline void quant_avx512_rows(const B* const* row, const float* x, flo
   for (int i = 0; i < NR; ++i) res[i] = hsum512(_mm512_add_ps(a0[i], a1[i]));
 }
 
+// The prefetch distance of a pass over 4 rows: the same bytes in the rows
+// k groups of 4 further on, k the smallest that puts them at least 8 KiB
+// ahead. Measured (1 thread, CPU time, 65536 x 768 rows: 432 bytes of q4_0
+// per row) against one group (1728 bytes): q4_0 exact 16-17 -> 19-22 GB/s,
+// q4_0 ggml 23-26 -> 38-54, q8_0 ggml 31-35 -> 45-49; 2 KiB and 4 KiB
+// fell between; no change at 2048 columns and wider.
+constexpr std::ptrdiff_t min_prefetch_bytes = 8192;
+inline std::ptrdiff_t group_prefetch(std::size_t stride) {
+  const std::ptrdiff_t g = 4 * static_cast<std::ptrdiff_t>(stride);
+  return g * std::max<std::ptrdiff_t>(1, (min_prefetch_bytes + g - 1) / g);
+}
+
 template <class B>
 CS_AVX512 void quant_avx512(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
   auto row_at = [&](int r) { return reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride); };
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
     const B* rows[4] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3)};
-    quant_avx512_rows<B, 4>(rows, x, out + r, cols, 4 * static_cast<std::ptrdiff_t>(stride));
+    quant_avx512_rows<B, 4>(rows, x, out + r, cols, group_prefetch(stride));
   }
   for (; r < r1; ++r) {
     const B* rows[1] = {row_at(r)};
@@ -764,7 +776,7 @@ CS_VNNI void q4_q8_vnni(float* out, const q4_block* W, std::size_t stride, const
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
     const q4_block* rows[4] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3)};
-    q4_q8_vnni_rows<4>(rows, v, xq, out + r, cols, 4 * static_cast<std::ptrdiff_t>(stride));
+    q4_q8_vnni_rows<4>(rows, v, xq, out + r, cols, group_prefetch(stride));
   }
   for (; r < r1; ++r) {
     const q4_block* rows[1] = {row_at(r)};
@@ -821,7 +833,7 @@ CS_VNNI void q8_q8_vnni(float* out, const q8_block* W, std::size_t stride, const
   int r = r0;
   for (; r + 4 <= r1; r += 4) {
     const q8_block* rows[4] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3)};
-    q8_q8_vnni_rows<4>(rows, v, out + r, cols, 4 * static_cast<std::ptrdiff_t>(stride));
+    q8_q8_vnni_rows<4>(rows, v, out + r, cols, group_prefetch(stride));
   }
   for (; r < r1; ++r) {
     const q8_block* rows[1] = {row_at(r)};
