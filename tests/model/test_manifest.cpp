@@ -160,7 +160,7 @@ TEST_CASE("manifest: the bytes of a pipeline stage are its layers' (llama2.c ari
   for (const auto& e : m->entries) CHECK((e.offset >= wq0 + 4ull * c->dim * c->dim || e.offset < wq0));
 }
 
-TEST_CASE("manifest: a corrupt or truncated slice is named; the digest is the slice's identity", "[manifest]") {
+TEST_CASE("manifest: a corrupt or truncated slice is named, the digest is the slice's identity", "[manifest]") {
   auto c = model::synth_preset("stories260k");
   REQUIRE(c);
   auto f = model::model_file::from_bytes(model::synth_bytes(*c, 5), "synth.bin");

@@ -53,7 +53,7 @@ uint64_t file_size(const std::string& p) {
 
 }  // namespace
 
-TEST_CASE("slice cache: stored slices come back verified; corruption and truncation are misses", "[slice_cache]") {
+TEST_CASE("slice cache: stored slices come back verified, corruption and truncation are misses", "[slice_cache]") {
   auto t = make();
   const std::string dir = test::temp_dir("slice-cache") + "/cache";  // created by open()
   auto c = model::slice_cache::open(dir, 0);
@@ -89,7 +89,7 @@ TEST_CASE("slice cache: stored slices come back verified; corruption and truncat
   CHECK(again->found);
 }
 
-TEST_CASE("slice cache: least recently used out; a slice beyond --cache-max refused", "[slice_cache]") {
+TEST_CASE("slice cache: least recently used out, a slice beyond --cache-max refused", "[slice_cache]") {
   auto t = make();
   const std::string dir = test::temp_dir("slice-cache-lru");
   const uint64_t big = std::max(t.sa.size(), t.sb.size());
