@@ -400,6 +400,7 @@ std::vector<std::optional<shard_stats>> cluster::shard_statistics(std::chrono::m
 }
 
 std::vector<uint64_t> cluster::node_memory() const { return impl_->host->node_memory(); }
+std::vector<weight_load> cluster::weight_loads() const { return impl_->host->weight_loads(); }
 
 const topologies::placement& cluster::placement() const { return impl_->plan; }
 

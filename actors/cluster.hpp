@@ -126,6 +126,8 @@ public:
   std::vector<std::optional<shard_stats>> shard_statistics(std::chrono::milliseconds each);
   /// Bytes in use on each node (weights + KV caches), by node index.
   std::vector<uint64_t> node_memory() const;
+  /// How each spawned shard's weights reached its node (shard_host::weight_loads).
+  std::vector<weight_load> weight_loads() const;
 
   const topologies::placement& placement() const;
   /// Every fault that fired so far, with detection and recovery times.

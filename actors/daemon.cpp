@@ -5,6 +5,8 @@
 #include "actors/shard.hpp"
 #include "kernels/backend.hpp"
 #include "model/checkpoint.hpp"
+#include "model/manifest.hpp"
+#include "model/slice_cache.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
 #include "supervision/fault_plan.hpp"
@@ -16,10 +18,13 @@
 #include <caf/openssl/all.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 namespace cellshard::actors {
 
@@ -33,6 +38,22 @@ struct cached_file {
   int64_t mtime_ns = 0;
 };
 
+using clk = std::chrono::steady_clock;
+
+/// A slice being shipped by the front end: chunks (slice_fetch header +
+/// slice_chunk body, in one message) arrive before the front end asks for
+/// the spawn again; a chunk whose size or XXH3 digest is wrong is dropped
+/// (not marked), so the next round ships it again.
+struct pending_slice {
+  model::manifest m;
+  std::vector<uint8_t> bytes;
+  std::vector<bool> have;  // per chunk of chunk_bytes
+  uint64_t received = 0;   // bytes of good chunks
+  int last_decile = 0;
+  clk::time_point started;  // the first spawn's arrival (reload time includes shipping)
+  bool complete() const { return received == bytes.size(); }
+};
+
 struct client_record {
   cluster_fingerprint fp;
   std::set<caf::actor_addr> shards;
@@ -42,8 +63,14 @@ struct client_record {
 struct daemon_state {
   daemon_options opts;
   std::shared_ptr<node_state> node;
-  std::map<int, std::map<std::string, cached_file<model::model_file>>> models;  // by --ctx, then name
   std::map<std::string, cached_file<model::tokenizer>> toks;
+  /// Slices loaded for shards running here, by (manifest key, --ctx): a
+  /// second shard of the same slice (a restart in place) shares the weights.
+  std::map<std::pair<uint64_t, int>, std::weak_ptr<const model::model_file>> loaded;
+  std::optional<model::slice_cache> cache;  // --cache
+  uint64_t shipped_bytes = 0;
+  uint64_t cache_hits = 0;
+  std::map<uint64_t, pending_slice> pending;  // slices being shipped, by manifest key
   std::map<caf::actor_addr, client_record> clients;  // by owner
   struct shard_record {
     caf::actor handle;
@@ -86,17 +113,6 @@ result<std::shared_ptr<const T>> open_cached(daemon_state& st, std::map<std::str
   return *v;
 }
 
-// ctx: the context length the front end opened the model with (--ctx, 0 =
-// the file's); each (file, ctx) pair has its own cache entry.
-result<std::shared_ptr<const model::model_file>> model_for(daemon_state& st, const std::string& name,
-                                                           int ctx = 0) {
-  return open_cached<model::model_file>(st, st.models[ctx], name, "model", [ctx](const std::string& p) {
-    model::load_options lo;
-    lo.ctx = ctx;
-    return model::model_file::open(p, lo);
-  });
-}
-
 result<std::shared_ptr<const model::tokenizer>> tokenizer_for(daemon_state& st, const std::string& name) {
   return open_cached<model::tokenizer>(st, st.toks, name, "tokenizer",
                                        [](const std::string& p) { return model::tokenizer::open(p); });
@@ -119,24 +135,23 @@ void stop_client(daemon_actor* self, const caf::actor_addr& owner, const std::st
   log(self, "front end gone (" + why + "): stopped " + std::to_string(n) + " shard(s)");
 }
 
-shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
+/// The weights' part of a spawn: the slice's model and how it got here.
+struct slice_source {
+  std::shared_ptr<const model::model_file> file;
+  shard_spawned info;  // source, shipped_bytes, bytes_read
+  clk::time_point arrived;
+};
+
+shard_spawned do_spawn(daemon_actor* self, shard_spawn& s, const slice_source& src) {
   auto& st = self->state;
-  shard_spawned out;
+  shard_spawned out = src.info;
   auto cl = st.clients.find(s.owner.address());
   if (!s.owner || cl == st.clients.end()) {
     out.error = "this front end has not joined (node_join first)";
     return out;
   }
-  auto file = model_for(st, cl->second.fp.model_name, s.ctx);
-  if (!file) {
-    out.error = file.message();
-    return out;
-  }
-  if ((*file)->digest() != cl->second.fp.model_digest) {
-    out.error = "the model file " + cl->second.fp.model_name + " in " + st.opts.models_dir +
-                " changed since the join (digest " + model::format_digest((*file)->digest()) + ")";
-    return out;
-  }
+  std::shared_ptr<const model::model_file> file_ptr = src.file;
+  const std::shared_ptr<const model::model_file>* file = &file_ptr;
   auto fmt = model::parse_weight_format(s.weights);
   if (!fmt) {
     out.error = fmt.message();
@@ -179,6 +194,7 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
     out.error = w.message();
     return out;
   }
+  out.reload_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - src.arrived).count();
   auto& n = *st.node;
   const uint64_t need = (*w)->bytes() + s.kv_bytes + s.buffer_bytes;
   const uint64_t used = n.used_bytes.load();
@@ -231,9 +247,166 @@ shard_spawned do_spawn(daemon_actor* self, shard_spawn& s) {
   out.weight_bytes = (*w)->bytes();
   log(self, "placement index " + std::to_string(s.index) + " (stage " + std::to_string(s.stage) +
                 " rank " + std::to_string(s.rank) + ", " + spec.to_string() + ") started, " +
-                topologies::format_bytes(out.weight_bytes) + " of weights" +
+                topologies::format_bytes(out.weight_bytes) + " of weights (slice from " + out.source + ")" +
                 (s.faults.empty() ? std::string() : ", " + std::to_string(s.faults.size()) + " fault plan(s)"));
   return out;
+}
+
+std::string who(const shard_spawn& s) { return "placement index " + std::to_string(s.index); }
+
+/// Builds the model of a verified slice image, remembers it and spawns.
+shard_spawned spawn_from_slice(daemon_actor* self, shard_spawn& s, const model::manifest& m,
+                               const std::vector<uint8_t>& bytes, shard_spawned info, clk::time_point arrived) {
+  model::load_options lo;
+  lo.ctx = s.ctx;
+  auto f = model::open_slice(m, bytes.data(), bytes.size(), lo);
+  if (!f) {
+    info.error = who(s) + ": " + f.message();
+    return info;
+  }
+  self->state.loaded[{m.digest(), s.ctx}] = *f;
+  return do_spawn(self, s, slice_source{*f, info, arrived});
+}
+
+/// shard_spawn: the slice from memory, --cache, --models or the front end.
+caf::result<shard_spawned> acquire_and_spawn(daemon_actor* self, shard_spawn& s) {
+  auto& st = self->state;
+  const auto arrived = clk::now();
+  shard_spawned out;
+  auto cl = st.clients.find(s.owner.address());
+  if (!s.owner || cl == st.clients.end()) {
+    out.error = "this front end has not joined (node_join first)";
+    return out;
+  }
+  auto m = model::manifest::decode(s.manifest);
+  if (!m) {
+    out.error = who(s) + ": " + m.message();
+    return out;
+  }
+  // 1. Loaded already (a restart in place, or two shards of one slice).
+  auto it = st.loaded.find({m->digest(), s.ctx});
+  if (it != st.loaded.end()) {
+    if (auto f = it->second.lock()) {
+      out.source = "memory";
+      return do_spawn(self, s, slice_source{f, out, arrived});
+    }
+    st.loaded.erase(it);
+  }
+  // 2. The cache.
+  if (st.cache) {
+    auto g = st.cache->get(*m);
+    if (!g) {
+      out.error = who(s) + ": " + g.message();
+      return out;
+    }
+    if (g->found) {
+      ++st.cache_hits;
+      out.source = "cache";
+      out.bytes_read = g->bytes.size();
+      return spawn_from_slice(self, s, *m, g->bytes, out, arrived);
+    }
+    if (!g->dropped.empty()) log(self, who(s) + ": " + g->dropped + "; removed, fetching the slice again");
+  }
+  // 3. The node's own copy of the file: only the manifest's bytes, verified.
+  if (!st.opts.models_dir.empty()) {
+    auto path = models_path(st, m->model_name, "model");
+    struct stat sb;
+    if (path && ::stat(path->c_str(), &sb) == 0) {
+      uint64_t read = 0;
+      auto bytes = model::read_slice_file(*m, *path, &read);
+      if (!bytes) {
+        out.error = "model differs: its " + m->model_name + " in " + st.opts.models_dir + ": " + bytes.message();
+        return out;
+      }
+      auto ok = model::verify_slice(*m, bytes->data(), bytes->size(), "its " + m->model_name + " in " + st.opts.models_dir);
+      if (!ok) {
+        out.error = "model differs: " + ok.message() + " (the front end's manifest)";
+        return out;
+      }
+      out.source = "models";
+      out.bytes_read = read;
+      return spawn_from_slice(self, s, *m, *bytes, out, arrived);
+    }
+  }
+  // 4. Shipped by the front end: it pushes the chunks, then asks again.
+  if (!s.weight_server) {
+    out.error = who(s) + ": the slice of " + m->model_name + " (" + std::to_string(m->bytes()) +
+                " bytes) is neither in --models " + st.opts.models_dir + " nor in the cache, and the front end ships none";
+    return out;
+  }
+  if (st.cache && !st.cache->fits(m->bytes())) {
+    out.error = "no room for the slice: " + who(s) + " of " + m->model_name + " needs " +
+                std::to_string(m->bytes()) + " bytes, --cache-max of " + st.cache->dir() + " is " +
+                std::to_string(st.cache->max_bytes());
+    return out;
+  }
+  const uint64_t key = m->digest();
+  auto pit = st.pending.find(key);
+  if (pit != st.pending.end() && pit->second.complete()) {
+    pending_slice p = std::move(pit->second);
+    st.pending.erase(pit);
+    shard_spawned info;
+    info.source = "shipped";
+    info.shipped_bytes = p.received;
+    auto ok = model::verify_slice(p.m, p.bytes.data(), p.bytes.size(), "the slice shipped by the front end");
+    if (!ok) {  // every chunk passed its digest, the whole did not: ship it all again
+      info.error = who(s) + ": " + ok.message();
+      return info;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(clk::now() - p.started).count();
+    std::string stored;
+    if (st.cache) {
+      auto put = st.cache->put(p.m, p.bytes.data(), p.bytes.size());
+      stored = put ? ", stored in " + st.cache->dir() : ", not stored: " + put.message();
+    }
+    log(self, who(s) + ": shipped " + std::to_string(p.bytes.size()) + " bytes of slice " + p.m.key() + " in " +
+                  std::to_string(ms) + " ms" + stored);
+    return spawn_from_slice(self, s, p.m, p.bytes, info, p.started);
+  }
+  if (pit == st.pending.end()) {
+    pending_slice p;
+    p.m = *m;
+    p.bytes.resize(m->bytes());
+    p.have.assign((m->bytes() + st.opts.chunk_bytes - 1) / st.opts.chunk_bytes, false);
+    p.started = arrived;
+    st.pending.emplace(key, std::move(p));
+    log(self, who(s) + ": slice " + m->key() + " of " + m->model_name + " not here; " + std::to_string(m->bytes()) +
+                  " bytes to be shipped by the front end");
+  }
+  out.source = "need";  // the front end ships the chunks and asks again
+  return out;
+}
+
+/// A chunk of a pending slice (pushed by the front end's remote_host::spawn).
+void take_chunk(daemon_actor* self, const slice_fetch& h, const slice_chunk& c) {
+  auto& st = self->state;
+  auto it = st.pending.find(h.key);
+  if (it == st.pending.end()) return;  // not asked for (or done)
+  auto& p = it->second;
+  const uint64_t cb = st.opts.chunk_bytes;
+  const uint64_t total = p.bytes.size();
+  const bool aligned = h.offset % cb == 0 && h.offset < total;
+  const uint64_t len = aligned ? std::min<uint64_t>(cb, total - h.offset) : 0;
+  const bool good = aligned && c.error.empty() && c.bytes.size() == len &&
+                    XXH3_64bits(c.bytes.data(), c.bytes.size()) == c.digest;
+  if (!good) {
+    log(self, "the chunk at byte " + std::to_string(h.offset) + " of slice " + p.m.key() + " failed its check (size " +
+                  std::to_string(c.bytes.size()) + " of " + std::to_string(len) +
+                  ", or its XXH3 digest); fetching it again" + (c.error.empty() ? "" : ": " + c.error));
+    return;
+  }
+  const size_t i = h.offset / cb;
+  if (p.have[i]) return;
+  std::memcpy(p.bytes.data() + h.offset, c.bytes.data(), len);
+  p.have[i] = true;
+  p.received += len;
+  st.shipped_bytes += len;
+  const int decile = static_cast<int>(p.received * 10 / total);
+  if (decile > p.last_decile && p.received < total) {
+    p.last_decile = decile;
+    log(self, "slice " + p.m.key() + ": shipping " + std::to_string(decile * 10) + "% (" + std::to_string(p.received) +
+                  " of " + std::to_string(total) + " bytes)");
+  }
 }
 
 /// Connecting to the other daemons of a cluster, one after another. CAF 0.17.6
@@ -330,6 +503,10 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
     if (kt > 1) st.node->kernel_pool = std::make_shared<kernels::pool>(kt);
   }
   st.node->budget_bytes = st.opts.memory ? st.opts.memory : (prof ? prof->memory_bytes : 0);
+  if (!st.opts.cache_dir.empty()) {
+    auto c = model::slice_cache::open(st.opts.cache_dir, st.opts.cache_max);
+    if (c) st.cache = std::move(*c);  // validated by node_daemon::start
+  }
   {
     topologies::link_spec link = prof ? prof->link : topologies::link_spec{};
     if (!st.opts.link.empty()) {
@@ -381,20 +558,22 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
                     std::to_string(node_protocol_version) + ")";
           return r;
         }
-        auto m = model_for(st, j.fp.model_name);
-        if (!m) {
-          r.error = m.message();
-          return r;
-        }
-        auto t = tokenizer_for(st, j.fp.tokenizer_name);
-        if (!t) {
-          r.error = t.message();
-          return r;
-        }
+        // The model is checked per slice (the spawn's manifest); the
+        // tokenizer when this node has a copy (shards do not tokenize).
         r.fp.model_name = j.fp.model_name;
-        r.fp.model_digest = (*m)->digest();
+        r.fp.model_digest = j.fp.model_digest;
         r.fp.tokenizer_name = j.fp.tokenizer_name;
-        r.fp.tokenizer_digest = (*t)->digest();
+        r.fp.tokenizer_digest = j.fp.tokenizer_digest;
+        auto tpath = models_path(st, j.fp.tokenizer_name, "tokenizer");
+        struct stat tsb;
+        if (!st.opts.models_dir.empty() && tpath && ::stat(tpath->c_str(), &tsb) == 0) {
+          auto t = tokenizer_for(st, j.fp.tokenizer_name);
+          if (!t) {
+            r.error = t.message();
+            return r;
+          }
+          r.fp.tokenizer_digest = (*t)->digest();
+        }
         const bool same = r.fp.model_digest == j.fp.model_digest &&
                           r.fp.tokenizer_digest == j.fp.tokenizer_digest;
         if (!same) {
@@ -410,7 +589,7 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
           self->monitor(j.owner);
           st.clients[j.owner.address()].fp = r.fp;
           log(self, "joined as node " + std::to_string(j.node) + " (" + j.fp.model_name + " " +
-                        model::format_digest(r.fp.model_digest) + ", " + j.fp.tokenizer_name + " " +
+                        std::to_string(r.fp.model_digest) + " bytes, " + j.fp.tokenizer_name + " " +
                         model::format_digest(r.fp.tokenizer_digest) + ")");
         }
         return r;
@@ -424,7 +603,8 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         dial_next(self, job);
         return job->rp;
       },
-      [=](shard_spawn& s) -> shard_spawned { return do_spawn(self, s); },
+      [=](shard_spawn& s) -> caf::result<shard_spawned> { return acquire_and_spawn(self, s); },
+      [=](slice_fetch& h, slice_chunk& c) { take_chunk(self, h, c); },
       [=](heartbeat_start& h) -> heartbeat_started {
         auto& st = self->state;
         heartbeat_started r;
@@ -464,6 +644,9 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.version = CELLSHARD_VERSION;
         r.tls = st.opts.net.tls.requested();
         r.guard_rejected = guard_rejected_total();
+        r.shipped_bytes = st.shipped_bytes;
+        r.cache_hits = st.cache_hits;
+        r.cache_bytes = st.cache ? st.cache->used() : 0;
         return r;
       },
   };
@@ -504,8 +687,11 @@ result<std::unique_ptr<node_daemon>> node_daemon::start(const daemon_options& o)
   // Everything that CAF would otherwise reject by terminating, first.
   auto prof = topologies::find_profile(o.profile);
   if (!prof) return make_error("--profile: " + prof.message());
-  if (o.models_dir.empty()) return make_error("--models: no folder given");
-  if (!is_dir(o.models_dir)) return make_error("--models: " + o.models_dir + " is not a folder");
+  if (!o.models_dir.empty() && !is_dir(o.models_dir)) return make_error("--models: " + o.models_dir + " is not a folder");
+  if (!o.cache_dir.empty()) {
+    auto c = model::slice_cache::open(o.cache_dir, o.cache_max);
+    if (!c) return c.err();
+  }
   if (o.host.empty()) return make_error("--listen: empty host");
   if (!o.net.tls.requested() && !o.insecure && !is_loopback(o.host))
     return make_error("--listen " + o.host + ": a daemon without TLS listens on loopback only (127.0.0.1, ::1, "

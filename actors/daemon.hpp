@@ -2,15 +2,26 @@
 // machine): it publishes one actor on the middleman (plain TCP or mutual TLS)
 // that front ends talk to with the protocol in actors/messages.hpp ("node
 // daemons"):
-//   - node_join: the daemon opens the model and tokenizer files the front end
-//     names, from its own --models folder, and answers with their digests
-//     (the front end compares them with its own: the cluster fingerprint);
+//   - node_join: the daemon checks the protocol version and, when its
+//     --models folder holds the tokenizer the front end names, its digest
+//     (the cluster fingerprint); it does not open the model (it may hold
+//     none of it: issue #17);
 //   - node_peers: the daemon connects directly to the other daemons of the
 //     cluster, so that stage-to-stage messages go daemon to daemon;
-//   - shard_spawn: the daemon builds the slice (model::shard_weights) from its
-//     copy of the model, checks it against the node's memory budget and
-//     spawns the shard locally (actors/shard.hpp); the reply carries the
-//     shard's handle, a proxy on the front end's side;
+//   - shard_spawn: the daemon gets the slice's bytes named by the spawn's
+//     weight manifest (model/manifest.hpp), first found of: slices it has
+//     loaded already, its --cache (verified; a corrupt file is dropped), its
+//     --models copy of the file (only the manifest's bytes are read, then
+//     verified: a difference refuses the spawn, "model differs"), else the
+//     front end: the daemon answers "need" and the front end pushes the
+//     chunks (slice_fetch + slice_chunk; each chunk's digest checked, a bad
+//     one dropped and shipped again in the next round; progress in the
+//     log), then asks again; the slice is verified whole and stored in
+//     --cache. Then it builds the shard's weights from the
+//     slice alone (model::open_slice), checks them against the node's
+//     memory budget and spawns the shard locally (actors/shard.hpp); the
+//     reply carries the shard's handle, a proxy on the front end's side,
+//     and how the slice came (shard_spawned::source, shipped bytes, time);
 //   - stats_atom: a node_report (memory in use).
 // The daemon monitors each front end's `owner` actor: when it goes down (or
 // its connection is lost: heartbeats, CAF-0.17.md §4), the shards spawned for
@@ -52,7 +63,14 @@ struct daemon_options {
   /// Applied by the link shaper in front of every shard-to-shard send
   /// (actors/transport.hpp), as for in-process nodes.
   std::string link;
-  std::string models_dir;          // where the model and tokenizer files are found by name
+  std::string models_dir;          // where the model and tokenizer files are found by name (may be empty)
+  /// Where shipped slices are kept by manifest key (`node --cache`, model/
+  /// slice_cache.hpp); "": shipped slices live in memory only.
+  std::string cache_dir;
+  uint64_t cache_max = 0;          // `--cache-max` bytes (0: unbounded)
+  /// Bytes per shipped chunk: the front end's slice_chunk_bytes
+  /// (actors/weight_server.hpp).
+  uint64_t chunk_bytes = 1u << 20;
   net_options net;                 // heartbeats, connection timeout, TLS, CAF threads
   std::chrono::milliseconds peer_timeout{5000};  // deadline of a connection to another daemon
   int blas_threads = 1;            // OpenBLAS threads per call

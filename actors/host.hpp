@@ -52,6 +52,19 @@ struct shard_request {
   std::function<bool()> abandon;
 };
 
+/// How one spawned shard's weights reached its node (issue #17): "memory",
+/// "cache", "models" or "shipped" (shard_spawned), with the bytes shipped
+/// to or read on the node and the time from the spawn's arrival to the slice
+/// loaded (ms). In-process hosts report none.
+struct weight_load {
+  int index = -1;  // placement index
+  int node = -1;
+  std::string source;
+  uint64_t shipped_bytes = 0;
+  uint64_t bytes_read = 0;
+  double reload_ms = 0;
+};
+
 class shard_host {
 public:
   virtual ~shard_host() = default;
@@ -64,6 +77,8 @@ public:
                                const model::tokenizer& tok) = 0;
   /// Starts one shard; an error names the node and the cause.
   virtual result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) = 0;
+  /// Every successful spawn's weight figures, in spawn order (empty in process).
+  virtual std::vector<weight_load> weight_loads() const { return {}; }
   /// Bytes in use on each node, by node index (empty when unknown).
   virtual std::vector<uint64_t> node_memory() const { return {}; }
   /// Starts node `node`'s heartbeat sender towards `monitor` (the phi-accrual

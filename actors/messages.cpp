@@ -156,6 +156,8 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<node_peers_done>("cs_node_peers_done");
   cfg.add_message_type<shard_spawn>("cs_shard_spawn");
   cfg.add_message_type<shard_spawned>("cs_shard_spawned");
+  cfg.add_message_type<slice_fetch>("cs_slice_fetch");
+  cfg.add_message_type<slice_chunk>("cs_slice_chunk");
   cfg.add_message_type<node_report>("cs_node_report");
   cfg.add_message_type<heartbeat_start>("cs_hb_start");
   cfg.add_message_type<heartbeat_started>("cs_hb_started");

@@ -415,18 +415,25 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 5;  // 2: fault plans in shard_spawn, daemon heartbeats;
+constexpr uint32_t node_protocol_version = 6;  // 2: fault plans in shard_spawn, daemon heartbeats;
                                                // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options;
                                                // 4: shard programs in wiring (issue #15);
                                                // 5: expert placement (issue #23): expert_req/expert_out,
                                                //    holders/experts in program_op, experts in shard_spawn,
                                                //    expert metrics in shard_stats
+                                               // 6: weight manifests and shipping (issue #17): manifest and
+                                               //    weight_server in shard_spawn, slice_fetch/slice_chunk,
+                                               //    load figures in shard_spawned and node_report; the join
+                                               //    no longer opens the model file
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {
   uint32_t protocol = node_protocol_version;
   std::string model_name;         // file name of the model (no folder)
-  uint64_t model_digest = 0;      // model::model_file::digest(): XXH64 of the file
+  /// Since protocol 6 the daemon does not open the model at the join (it may
+  /// hold none of it): it echoes this, and each shard_spawn's manifest is the
+  /// check (model/manifest.hpp). The front end sends model_file::file_bytes().
+  uint64_t model_digest = 0;
   std::string tokenizer_name;     // file name of the tokenizer
   uint64_t tokenizer_digest = 0;  // model::tokenizer::digest()
 };
@@ -527,6 +534,13 @@ struct shard_spawn {
   bool restarted = false;        // shard_init::restarted
   bool routed = true;            // model::slice_spec::routed (expert placement)
   std::vector<int32_t> experts;  // model::slice_spec::experts (an expert node's)
+  /// The slice's weight manifest (model::manifest::encode()): which bytes of
+  /// the model file the shard needs and their XXH3 digests. The daemon takes
+  /// them from its cache (--cache), else its --models copy of the file
+  /// (verified: a differing entry refuses the spawn as "model differs"), else
+  /// asks `weight_server` for them (slice_fetch).
+  std::string manifest;
+  caf::actor weight_server;      // the front end's (may be invalid: no shipping)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
@@ -534,7 +548,32 @@ typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
            x.node, x.layer_begin, x.layer_end, x.kv_head_begin, x.kv_head_end, x.ffn_begin,
            x.ffn_end, x.embedding, x.classifier, x.vocab_begin, x.vocab_end, x.weights, x.matmul, x.ctx, x.kernels,
            x.kv_bytes, x.buffer_bytes, x.checkpoint_every, x.batch_size, x.heartbeat, x.coordinator, x.faults,
-           x.restarted, x.routed, x.experts);
+           x.restarted, x.routed, x.experts, x.manifest, x.weight_server);
+}
+
+/// daemon -> weight server (front end): bytes [offset, offset + length) of
+/// the slice image (model/manifest.hpp) whose manifest key is `key`.
+struct slice_fetch {
+  uint64_t key = 0;     // model::manifest::digest()
+  uint64_t offset = 0;  // into the slice image
+  uint64_t length = 0;  // at most 4 MiB
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slice_fetch& x) {
+  return f(caf::meta::type_name("slice_fetch"), x.key, x.offset, x.length);
+}
+
+/// weight server -> daemon: the chunk and the XXH3-64 of its bytes (checked
+/// by the daemon; a mismatch is fetched again), or why not.
+struct slice_chunk {
+  std::string error;
+  uint64_t offset = 0;
+  std::vector<char> bytes;  // std::vector<char>: CAF's raw fast path
+  uint64_t digest = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slice_chunk& x) {
+  return f(caf::meta::type_name("slice_chunk"), x.error, x.offset, x.bytes, x.digest);
 }
 
 /// front end -> daemon: send heartbeats for node `peer` to `monitor` (the
@@ -567,10 +606,18 @@ struct shard_spawned {
   std::string error;
   caf::actor shard;
   uint64_t weight_bytes = 0;
+  /// How the slice reached the node (issue #17): "memory" (already loaded
+  /// there), "cache" (--cache), "models" (its --models copy, bytes_read of
+  /// it read) or "shipped" (shipped_bytes from the weight server).
+  std::string source;
+  uint64_t shipped_bytes = 0;
+  uint64_t bytes_read = 0;
+  int64_t reload_ns = 0;   // from the spawn's arrival to the slice verified and loaded
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawned& x) {
-  return f(caf::meta::type_name("shard_spawned"), x.error, x.shard, x.weight_bytes);
+  return f(caf::meta::type_name("shard_spawned"), x.error, x.shard, x.weight_bytes, x.source, x.shipped_bytes,
+           x.bytes_read, x.reload_ns);
 }
 
 /// daemon -> (stats_atom) requester: the node's memory and load.
@@ -589,11 +636,15 @@ struct node_report {
   std::string version;        // cellshard version of the daemon
   bool tls = false;           // listening with mutual TLS
   uint64_t guard_rejected = 0;  // connections closed by the pre-handshake guard (bad preamble or deadline)
+  uint64_t shipped_bytes = 0;   // slice bytes received from weight servers since start
+  uint64_t cache_hits = 0;      // spawns served from --cache
+  uint64_t cache_bytes = 0;     // bytes in --cache now
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.profile, x.budget_bytes, x.used_bytes,
-           x.shards, x.clients, x.pid, x.sessions, x.uptime_ms, x.link, x.version, x.tls, x.guard_rejected);
+           x.shards, x.clients, x.pid, x.sessions, x.uptime_ms, x.link, x.version, x.tls, x.guard_rejected,
+           x.shipped_bytes, x.cache_hits, x.cache_bytes);
 }
 
 }  // namespace cellshard::actors

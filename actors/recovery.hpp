@@ -76,6 +76,10 @@ struct fault_record {
   int64_t fired_ns = 0;      // when it fired (0: unknown, external)
   int64_t decided_ns = 0;    // when the runtime decided to restart or move the shard (0: not yet)
   int64_t recovered_ns = 0;  // when the next token was delivered after the recovery (0: not yet)
+  /// Of recover_ms, the time the new node took to get and load the slice
+  /// (issue #17: shipped, from its cache or its files; remote hosts only,
+  /// filled by the run report from cluster::weight_loads(); -1: unknown).
+  double reload_ms = -1;
 };
 
 struct recovery_options {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "actors/messages.hpp"
+#include "actors/weight_server.hpp"
 #include "topologies/profile.hpp"
 
 #include <caf/all.hpp>
@@ -155,6 +156,7 @@ remote_host::~remote_host() {
   // system first): releasing the handle now would run the actor's cleanup on a
   // dead system, so it is left to the end of the process.
   if (owner_) new caf::actor(std::move(owner_));  // NOLINT: deliberate leak
+  if (weight_server_) new caf::actor(std::move(weight_server_));  // NOLINT: likewise
 }
 
 std::vector<topologies::node_spec> remote_host::nodes() const { return specs_; }
@@ -177,11 +179,11 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
                                   const model::tokenizer& tok) {
   auto net = check_network(sys, opts_.net);
   if (!net) return net;
-  struct stat sb;
-  if (::stat(file.path().c_str(), &sb) != 0 || !S_ISREG(sb.st_mode))
-    return make_error("the front end's model (" + file.path() + ") is not a file: node daemons load "
-                      "their slices from their own copy of the model file, found by its name; give -m FILE");
   sys_ = &sys;
+  // The weight server: daemons that lack a slice fetch it from here.
+  weights_ = std::make_shared<weight_store>(file, base_name(file.path()));
+  if (opts_.corrupt_chunks > 0) weights_->corrupt_next_chunks(opts_.corrupt_chunks);
+  weight_server_ = spawn_weight_server(sys, weights_);
   const size_t n = entries_.size();
   const bool tls = opts_.net.tls.requested();
   caf::scoped_actor self{sys};
@@ -250,7 +252,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   auto stop_owner = [&] { self->send_exit(owner, caf::exit_reason::user_shutdown); };
   cluster_fingerprint fp;
   fp.model_name = base_name(file.path());
-  fp.model_digest = file.digest();
+  fp.model_digest = file.file_bytes();  // protocol 6: the manifests are the check
   fp.tokenizer_name = base_name(tok.name());
   fp.tokenizer_digest = tok.digest();
   {
@@ -300,6 +302,7 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
     }
     if (!errors.empty()) {
       stop_owner();
+      self->send_exit(weight_server_, caf::exit_reason::user_shutdown);
       return make_error(errors);
     }
   }
@@ -382,6 +385,12 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   s.restarted = req.restarted;
   s.heartbeat = req.heartbeat;
   s.coordinator = req.coordinator;
+  if (weights_) {
+    auto m = weights_->manifest_for(req.spec);
+    if (!m) return make_error(describe(node) + ": placement index " + std::to_string(p.index) + ": " + m.message());
+    s.manifest = m->encode();
+    s.weight_server = weight_server_;
+  }
   // Not a request: a daemon that stops (or whose connection drops) while we
   // wait must end the wait at once -- the supervisor runs this factory and
   // the whole stage waits with it. The daemon's reply to a plain message
@@ -390,15 +399,57 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   self->monitor(target);
   result<caf::actor> out = make_error(describe(node) + ": no reply");
   bool gone = false;
+  const shard_spawn again = s;  // asked again after shipping the slice
+  int rounds = 0;               // shipping rounds (a chunk failing its digest is shipped in the next)
+  constexpr int max_rounds = 4;
+  // Issue #17: the daemon lacks the slice ("need"): push its chunks (header
+  // and body in one message, in order on this connection), then the spawn.
+  auto ship = [&] {
+    auto m = model::manifest::decode(again.manifest);
+    if (!m) return;
+    const uint64_t key = m->digest(), total = m->bytes();
+    for (uint64_t off = 0; off < total; off += slice_chunk_bytes) {
+      const slice_fetch h{key, off, std::min<uint64_t>(slice_chunk_bytes, total - off)};
+      self->send(target, h, weights_->read(h));
+    }
+    self->send(target, again);
+  };
   self->send(target, std::move(s));
   using clk = std::chrono::steady_clock;
   const auto until = clk::now() + opts_.request_timeout;
+  // A daemon still fetching its slice (a chunk served within the last
+  // request_timeout) is not given up on: the deadline runs from the last chunk.
+  auto shipping_recently = [&] {
+    if (!weights_) return false;
+    const int64_t last = weights_->last_activity_ns();
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch()).count();
+    return last != 0 && now - last < std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.request_timeout).count();
+  };
   for (bool waiting = true; waiting;) {
     self->receive(
         [&](shard_spawned& r) {
+          if (r.error.empty() && !r.shard && r.source == "need" && weights_ && rounds < max_rounds) {
+            ++rounds;
+            ship();
+            return;  // the daemon answers the spawn sent after the chunks
+          }
           waiting = false;
-          if (!r.error.empty() || !r.shard) out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
-          else out = r.shard;
+          if (r.source == "need" && r.error.empty())
+            r.error = "the slice still lacks chunks after " + std::to_string(max_rounds) + " shipping rounds";
+          if (!r.error.empty() || !r.shard) {
+            out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
+            return;
+          }
+          out = r.shard;
+          weight_load w;
+          w.index = p.index;
+          w.node = node;
+          w.source = r.source;
+          w.shipped_bytes = r.shipped_bytes;
+          w.bytes_read = r.bytes_read;
+          w.reload_ms = r.reload_ns / 1e6;
+          std::lock_guard<std::mutex> lock(loads_mu_);
+          loads_.push_back(std::move(w));
         },
         [&](caf::down_msg& dm) {
           waiting = false;
@@ -409,7 +460,7 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
           if (req.abandon && req.abandon()) {
             waiting = false;
             out = make_error(describe(node) + ": given up while spawning (the node is suspected silent)");
-          } else if (clk::now() >= until) {
+          } else if (clk::now() >= until && !shipping_recently()) {
             waiting = false;
             out = make_error(describe(node) + ": no answer to the spawn request within " +
                              std::to_string(opts_.request_timeout.count()) + " ms");
@@ -489,8 +540,15 @@ bool remote_host::reachable(int node) const {
   return !(*down_)[node];
 }
 
+std::vector<weight_load> remote_host::weight_loads() const {
+  std::lock_guard<std::mutex> lock(loads_mu_);
+  return loads_;
+}
+
 void remote_host::shutdown(caf::actor_system&) {
   if (owner_) caf::anon_send_exit(owner_, caf::exit_reason::user_shutdown);
+  if (weight_server_) caf::anon_send_exit(weight_server_, caf::exit_reason::user_shutdown);
+  weight_server_ = nullptr;
   owner_ = nullptr;
   daemons_.clear();
   sys_ = nullptr;

@@ -37,10 +37,13 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace cellshard::actors {
+
+class weight_store;  // actors/weight_server.hpp
 
 /// One entry of the cluster file.
 struct remote_node {
@@ -61,6 +64,9 @@ struct remote_options {
   /// Link the daemons directly (see above). false only to show, in tests, that
   /// stage-to-stage traffic then passes through the front end.
   bool direct_links = true;
+  /// Test hook (issue #17): the first N chunks the weight server ships carry
+  /// a wrong digest, so daemons must detect them and fetch them again.
+  int corrupt_chunks = 0;
 };
 
 /// Parses the cluster file's text; `name` names it in errors.
@@ -83,6 +89,8 @@ public:
   /// Asks the daemon to heartbeat from its own process (heartbeat_start).
   result<caf::actor> start_heartbeat(caf::actor_system& sys, int node, caf::actor monitor,
                                      std::chrono::milliseconds interval) override;
+  /// Every successful spawn's weight figures, in order (thread-safe).
+  std::vector<weight_load> weight_loads() const override;
   /// False once the daemon's connection went down (watched by the owner actor).
   bool reachable(int node) const override;
   void shutdown(caf::actor_system& sys) override;
@@ -112,6 +120,10 @@ private:
   std::vector<caf::actor_addr> daemons_;
   caf::actor owner_;
   caf::actor_system* sys_ = nullptr;
+  std::shared_ptr<weight_store> weights_;  // the front end's model, for shipping
+  caf::actor weight_server_;
+  mutable std::mutex loads_mu_;
+  std::vector<weight_load> loads_;
   // Set by the owner actor when a daemon's proxy goes down (connection lost).
   std::shared_ptr<std::vector<std::atomic<bool>>> down_;
 };

@@ -103,6 +103,20 @@ result<run_report> make_run_report(cluster& c, const session_outcome& out,
   auto st = c.stats();
   if (!st) return st.err();
   r.nodes = aggregate_nodes(c.placement(), *st, c.node_memory());
+  {
+    // Issue #17: weights shipped to each node and cache hits; a recovered
+    // shard's reload time is that of its last spawn on the node it moved to.
+    const auto loads = c.weight_loads();
+    for (auto& n : r.nodes)
+      for (const auto& w : loads)
+        if (w.node == n.index) {
+          n.shipped_bytes += w.shipped_bytes;
+          n.cache_hits += w.source == "cache" ? 1 : 0;
+        }
+    for (auto& f : r.faults)
+      for (const auto& w : loads)
+        if (w.index == f.index && (f.moved_to_node < 0 || w.node == f.moved_to_node)) f.reload_ms = w.reload_ms;
+  }
   const auto& plan = c.placement();
   if (plan.strat.kind == topologies::strategy_kind::expert) {
     r.expert_load.assign(plan.stages.size(), std::vector<uint64_t>(static_cast<size_t>(plan.config.n_experts), 0));
@@ -131,6 +145,7 @@ nlohmann::json to_json(const fault_record& f) {
           {"step", f.step},
           {"detect_ms", f.detect_ms},
           {"recover_ms", f.recover_ms},
+          {"reload_ms", f.reload_ms},
           {"replayed_positions", f.replayed_positions},
           {"host_node", f.node},
           {"moved_to_node", f.moved_to_node},
@@ -176,7 +191,9 @@ nlohmann::json to_json(const run_report& r) {
                      {"memory_bytes", n.memory_bytes},
                      {"compute_ms", n.compute_ms},
                      {"bytes_sent", n.bytes_sent},
-                     {"bytes_received", n.bytes_received}});
+                     {"bytes_received", n.bytes_received},
+                     {"shipped_bytes", n.shipped_bytes},
+                     {"cache_hits", n.cache_hits}});
   for (const auto& l : r.links) {
     const bool have = l.measured.has_value();
     links.push_back({{"from", l.from},

@@ -53,6 +53,8 @@ struct node_figures {
   uint64_t memory_bytes = 0;    // weights + KV caches held
   double compute_ms = 0;        // kernel time of its shards
   uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t shipped_bytes = 0;   // weight bytes shipped to it by the front end (issue #17)
+  int cache_hits = 0;           // its spawns whose slice came from its --cache
 };
 
 struct link_figures {

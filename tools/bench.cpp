@@ -226,6 +226,25 @@ void add_bench(CLI::App& app, int& status) {
     if (!fjson->empty()) write_text(*fjson, j);
   });
 
+  auto lo = std::make_shared<load_bench_options>();
+  auto ljson = std::make_shared<std::string>();
+  auto* lb = bench->add_subcommand("load", "bytes and time to open a model and place a slice, whole file vs slice; "
+                                           "shipping a slice to a daemon cold and cached (issue #17)");
+  lb->add_option("-m,--model", lo->models, "model file(s) (default: ../shared's stories260K.bin, "
+                                           "llama2-small-f32.gguf and a synthetic stories15m)");
+  lb->add_option("-z,--tokenizer", lo->tokenizer, "tokenizer of -m (default: the model itself, a GGUF)");
+  lb->add_option("--stages", lo->stages, "pipeline stages the model is split into")->capture_default_str();
+  lb->add_option("--stage", lo->stage, "the stage whose slice is loaded")->capture_default_str();
+  lb->add_flag("--skip-ship", lo->skip_ship, "leave out the daemon shipping rows");
+  lb->add_flag("--skip-synth", lo->skip_synth, "leave out the synthetic stories15m model");
+  lb->add_option("--json", *ljson, "rows as JSON to FILE (- = stdout)");
+  lb->callback([lo, ljson, &status] {
+    std::vector<bench_row> rows;
+    status = run_load_bench(*lo, rows);
+    const std::string j = print_rows(rows);
+    if (!ljson->empty()) write_text(*ljson, j);
+  });
+
   auto co = std::make_shared<cluster_bench_options>();
   auto json = std::make_shared<std::string>();
   auto* cl = bench->add_subcommand("cluster", "per-token latency and communication share vs node count");

@@ -43,6 +43,15 @@ struct cluster_bench_options {
 
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows);
 
+/// `bench load` (issue #17, tools/bench_load.cpp).
+struct load_bench_options {
+  std::vector<std::string> models;  // "": ../shared's stories260K.bin, llama2-small-f32.gguf, synth stories15m
+  std::string tokenizer;            // for -m models ("": the model itself, a GGUF)
+  int stages = 8, stage = 3;        // the slice: pipeline stage `stage` of `stages`
+  bool skip_ship = false, skip_synth = false;
+};
+int run_load_bench(const load_bench_options& o, std::vector<bench_row>& rows);
+
 struct recovery_bench_options {
   std::string model, tokenizer;
   int nodes = 3;                                  // + 1 spare

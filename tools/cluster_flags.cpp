@@ -88,6 +88,8 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
       cmd->add_option("--link", o.link, "per-node link BANDWIDTH:LATENCY, e.g. 1gbit:100us (overrides the profile)")
           ->group(g)};
   auto* d = "Nodes (daemons)";
+  // Tests only (hidden): the first N weight chunks shipped carry a wrong digest.
+  cmd->add_option("--test-corrupt-chunks", o.corrupt_chunks)->group("");
   set.cluster = cmd->add_option("--cluster", o.cluster,
                                 "node daemons: JSON {\"nodes\": [{\"host\", \"port\", \"profile\", "
                                 "\"spare\"}]} (see cellshard node)")->group(d);
@@ -204,6 +206,7 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
     ro.net.tls = {o.tls_cert, o.tls_key, o.tls_ca};
     ro.default_profile = o.profile;
     ro.default_memory = co.memory;
+    ro.corrupt_chunks = o.corrupt_chunks;
     auto h = actors::remote_host::from_file(o.cluster, ro);
     if (!h) throw cli_error(h.message());
     co.host = *h;

@@ -49,6 +49,7 @@ struct cluster_flags {
   std::string link;
   // Node daemons (issue #5): --cluster FILE.json, optionally over mutual TLS.
   std::string cluster, tls_cert, tls_key, tls_ca;
+  int corrupt_chunks = 0;  // hidden test hook (issue #17): remote_options::corrupt_chunks
 
   /// Set by check_cluster_flags: a flag of the actor runtime was given.
   bool use_cluster = false;

@@ -1,6 +1,7 @@
 // `cellshard node`: a node daemon that hosts shards for front ends
-// (`cellshard run --cluster FILE`), loading each slice from its own copy of
-// the model found by file name in --models. Its first line on stdout is
+// (`cellshard run --cluster FILE`), taking each slice from --cache, else its
+// own copy of the model found by file name in --models, else shipped by the
+// front end (issue #17, actors/daemon.hpp). Its first line on stdout is
 // `listening HOST:PORT` (with the port the OS picked for port 0); it runs
 // until SIGINT or SIGTERM. Joins, spawns and departures are logged to stderr.
 #include "actors/daemon.hpp"
@@ -15,13 +16,14 @@
 #include <cstdlib>
 #include <memory>
 #include <pthread.h>
+#include <sys/stat.h>
 
 namespace cellshard::tools {
 
 namespace {
 
 struct node_opts {
-  std::string listen, profile = "host", memory, link, models, tls_cert, tls_key, tls_ca;
+  std::string listen, profile = "host", memory, link, models, tls_cert, tls_key, tls_ca, cache, cache_max;
   int caf_threads = 2, blas_threads = 1, threads = 0;
   int heartbeat_ms = 1000, connection_timeout_ms = 3000, peer_timeout_ms = 5000;
   bool quiet = false, insecure = false;
@@ -52,8 +54,18 @@ int do_node(const node_opts& o) {
   if (o.models.empty()) {
     const char* env = std::getenv("CELLSHARD_MODELS");
     d.models_dir = env && *env ? env : "./models";
+    struct stat sb;
+    if (!(env && *env) && (::stat("./models", &sb) != 0 || !S_ISDIR(sb.st_mode)))
+      d.models_dir.clear();  // no folder of models: every slice from --cache or shipped
   } else {
     d.models_dir = o.models;
+  }
+  d.cache_dir = o.cache;
+  if (!o.cache_max.empty()) {
+    auto m = topologies::parse_memory(o.cache_max);
+    if (!m) throw cli_error("--cache-max: " + m.message(), 2);
+    if (o.cache.empty()) throw cli_error("--cache-max needs --cache DIR", 2);
+    d.cache_max = *m;
   }
   d.net.caf_threads = o.caf_threads;
   d.net.heartbeat = std::chrono::milliseconds(o.heartbeat_ms);
@@ -100,6 +112,12 @@ void add_node(CLI::App& app, int& status) {
   cmd->add_option("--models", o->models,
                   "folder holding the model and tokenizer files, found by file name "
                   "(default: $CELLSHARD_MODELS, else ./models)");
+  cmd->add_option("--cache", o->cache,
+                  "folder where slices shipped by front ends are kept by manifest digest (created when missing); "
+                  "without it shipped slices are kept in memory only");
+  cmd->add_option("--cache-max", o->cache_max,
+                  "bound of --cache, e.g. 64MiB (least recently used slices are removed; a slice larger than "
+                  "this is refused)");
   cmd->add_option("--tls-cert", o->tls_cert, "this node's certificate (PEM); mutual TLS needs all three");
   cmd->add_option("--tls-key", o->tls_key, "its private key (PEM, unencrypted)");
   cmd->add_option("--tls-ca", o->tls_ca, "the CA certificate every peer must be signed by (PEM)");

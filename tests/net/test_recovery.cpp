@@ -86,13 +86,22 @@ model_choice gguf_model() {
 struct daemons {
   std::string dir;
   std::vector<std::unique_ptr<test::daemon_process>> nodes;
+  /// `models` "": an empty --models folder and a fresh --cache per daemon
+  /// (issue #17: every slice shipped by the front end).
   daemons(const std::string& name, int n, const std::vector<std::string>& extra = {},
           const std::string& models = "models") {
     dir = test::temp_dir(name);
     std::vector<std::string> args = {"--models", test::shared_file(models)};
+    if (models.empty()) {
+      test::run_command({"/bin/rm", "-rf", dir + "/empty", dir + "/caches"});
+      test::run_command({"/bin/mkdir", "-p", dir + "/empty", dir + "/caches"});
+      args = {"--models", dir + "/empty"};
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     for (int i = 0; i < n; ++i) {
-      nodes.push_back(std::make_unique<test::daemon_process>(dir, args));
+      auto a = args;
+      if (models.empty()) a.insert(a.end(), {"--cache", dir + "/caches/" + std::to_string(i)});
+      nodes.push_back(std::make_unique<test::daemon_process>(dir, a));
       INFO(nodes.back()->log());
       REQUIRE(nodes.back()->ok());
     }
@@ -254,6 +263,41 @@ void kill_mid_generation(const model_choice& m, const std::string& name) {
 TEST_CASE("a daemon killed mid-generation: its stage restarts on the spare, output identical", "[net][recovery]") {
   if (!test::have_shared()) return;
   kill_mid_generation(bin_model(), "recovery-kill");
+}
+
+// Issue #17: no daemon holds the model; the spare's cache is empty, so its
+// slice is shipped during the recovery, and that time is reported.
+TEST_CASE("a spare with an empty cache takes over a SIGKILLed daemon's stage: shipped, output identical",
+          "[net][recovery][ship]") {
+  if (!test::have_shared()) return;
+  const fixture f = load_fixture("greedy_bos_n200");
+  daemons d("recovery-kill-ship", 4, {}, "");
+  const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(1));
+  const std::string json = d.dir + "/run.json";
+  test::front_end_process fe(run_args(f, cluster, json, paced));
+  REQUIRE(fe.started());
+  const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+  INFO(describe(fe, d));
+  REQUIRE(reached);
+  REQUIRE(placement_nodes(fe.err())[1] == 1);
+  d[1].signal(SIGKILL);
+  const int status = fe.wait(run_deadline_s);
+  INFO(describe(fe, d));
+  CHECK(status == 0);
+  CHECK(fe.out() == f.text);
+  const auto j = read_json(json);
+  INFO("json: " << j.dump(1));
+  const auto recs = faults_of(j, 1);
+  REQUIRE(recs.size() >= 1);
+  CHECK(recs[0].value("moved_to_node", -1) == 3);
+  CHECK(recs[0].value("reload_ms", -1.0) > 0);
+  CHECK(recs[0].value("recover_ms", -1.0) >= recs[0].value("reload_ms", -1.0));
+  uint64_t spare_shipped = 0;
+  for (const auto& n : j["nodes"])
+    if (n.value("index", -1) == 3) spare_shipped = n.value("shipped_bytes", uint64_t{0});
+  CHECK(spare_shipped > 0);
+  CHECK_THAT(d[3].log(), Catch::Contains("placement index 1: shipped"));
+  WARN("spare filled on recovery: " << recs[0].dump() << ", " << spare_shipped << " bytes shipped to it");
 }
 
 TEST_CASE("gguf: a daemon killed mid-generation: its stage restarts on the spare, output identical",
