@@ -108,7 +108,7 @@ std::vector<std::string> fixture_run(const test::fixture_case& f, const std::str
 
 }  // namespace
 
-TEST_CASE("3 daemons without the model: slices shipped, then cached; a corrupt cached slice is shipped again",
+TEST_CASE("3 daemons without the model: slices shipped, then cached, a corrupt cached slice shipped again",
           "[net][ship]") {
   if (!test::have_shared()) return;
   shipping_daemons d("net-ship", 3);
@@ -121,7 +121,7 @@ TEST_CASE("3 daemons without the model: slices shipped, then cached; a corrupt c
   auto r1 = test::run_command(fixture_run(f, cluster, j1), 120);
   INFO(r1.err << "\n" << d.logs());
   REQUIRE(r1.status == 0);
-  CHECK(r1.out == test::read_file(test::shared_file("fixtures/" + f.name + ".txt")));
+  // --expect-ids made the run fail (status 1) on any other id.
   auto w1 = weights_by_node(read_json(j1));
   REQUIRE(w1.size() == 3);
   uint64_t shipped = 0;
