@@ -181,12 +181,13 @@ TEST_CASE("run --json of a report: CLI.md keys and values", "[run_report]") {
   CHECK(j["diverged"] == false);
   REQUIRE(j["nodes"].size() == 3);
   CHECK(j["nodes"][0] == nlohmann::json({{"index", 0}, {"role", "stage 0 rank 0"}, {"memory_bytes", 100},
-                                         {"compute_ms", 1.0}, {"bytes_sent", 1}, {"bytes_received", 2}}));
+                                         {"compute_ms", 1.0}, {"bytes_sent", 1}, {"bytes_received", 2},
+                                         {"shipped_bytes", 0}, {"cache_hits", 0}}));  // issue #17
   CHECK(j["nodes"][1]["role"] == "spare");
   CHECK(j["links"].empty());
   REQUIRE(j["faults"].size() == 1);
   CHECK(j["faults"][0] == nlohmann::json({{"kind", "crash"}, {"node", 2}, {"step", 3}, {"detect_ms", 0.5},
-                                          {"recover_ms", 1.5}, {"replayed_positions", 3}, {"host_node", 0},
+                                          {"recover_ms", 1.5}, {"reload_ms", -1.0}, {"replayed_positions", 3}, {"host_node", 0},
                                           {"moved_to_node", 3}, {"fired_ns", 10}, {"decided_ns", 20},
                                           {"recovered_ns", 30}}));
   CHECK(j["suspicions"][0] ==
