@@ -1,5 +1,7 @@
 #include "model/manifest.hpp"
 
+#include "base/parse.hpp"
+
 #include "model/gguf.hpp"
 
 #include <algorithm>
@@ -86,9 +88,9 @@ result<manifest> manifest::decode(const std::string& text) {
       if (!(ls >> e.name >> e.type >> e.offset >> e.length >> e.stride >> e.count >> dg) || dg.size() != 18 ||
           dg.compare(0, 2, "0x") != 0)
         return bad("expected 'entry NAME TYPE OFFSET LENGTH STRIDE COUNT 0xDIGEST'");
-      char* end = nullptr;
-      e.digest = std::strtoull(dg.c_str() + 2, &end, 16);
-      if (!end || *end) return bad("digest is not hexadecimal");
+      const auto digest = parse_uint<uint64_t>(std::string_view(dg).substr(2), 16);  // base/parse.hpp
+      if (!digest) return bad("digest is not hexadecimal");
+      e.digest = *digest;
       if (e.count == 0 || (e.count > 1 && e.stride < e.length)) return bad("segments overlap or count is 0");
       const uint64_t last = e.offset + (e.count - 1) * e.stride + e.length;
       if (m.file_bytes == 0 || last > m.file_bytes || last < e.offset)
