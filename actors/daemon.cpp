@@ -1,5 +1,6 @@
 #include "actors/daemon.hpp"
 
+#include "actors/data_plane.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
 #include "actors/shard.hpp"
@@ -514,6 +515,13 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
       if (l) link = *l;  // validated by node_daemon::start
     }
     st.node->shaper = std::make_shared<link_shaper>(link);
+  }
+  // Partial sums between daemons on sockets of their own (actors/data_plane.hpp);
+  // not with TLS (frames are not encrypted) nor on a wildcard address (peers
+  // would not know where to dial).
+  if (!st.opts.net.tls.requested() && data_plane::enabled_by_env() && st.opts.host != "0.0.0.0" &&
+      st.opts.host != "::" && !st.opts.host.empty()) {
+    if (auto dp = data_plane::start(st.opts.host, st.opts.log)) st.node->data = std::move(*dp);
   }
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;

@@ -16,6 +16,8 @@
 
 namespace cellshard::actors {
 
+class data_plane;  // actors/data_plane.hpp
+
 struct node_state {
   int index = 0;
   std::string profile = "host";
@@ -29,6 +31,10 @@ struct node_state {
   /// kernels::pool::scope around their compute; two shards computing at once
   /// are safe (the second one's kernels then run on its own thread).
   std::shared_ptr<kernels::pool> kernel_pool;
+  /// The process's data plane (actors/data_plane.hpp): partial sums to shards
+  /// of other daemons go over its sockets; null (in process, TLS, or
+  /// CELLSHARD_DATA_PLANE=caf): everything through CAF.
+  std::shared_ptr<data_plane> data;
 
   /// Charges `bytes`; false (and nothing charged) when the budget would be exceeded.
   bool try_charge(uint64_t bytes) {

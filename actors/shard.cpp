@@ -1,5 +1,6 @@
 #include "actors/shard.hpp"
 
+#include "actors/data_plane.hpp"
 #include "actors/worker.hpp"
 #include "model/moe.hpp"
 #include "supervision/fault_hooks.hpp"
@@ -175,6 +176,7 @@ struct shard_state {
   int64_t compute_ns = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
+  std::map<caf::node_id, std::string> peer_names;  // data plane keys, by CAF node
   std::map<uint64_t, int64_t> last_due;    // by session: arrival (steady ns) of its last payload sent
   std::set<std::pair<uint64_t, int32_t>> classifying;  // (session, pos0) of classifier jobs in flight
   // Expert placement (issue #23). Stage shard: expert nodes taken for dead
@@ -252,6 +254,31 @@ uint64_t session_of(const partial_sum& m) { return m.id.session; }
 uint64_t session_of(const logits_msg& m) { return m.id.session; }
 uint64_t session_of(const kv_delta& m) { return m.session; }
 
+/// Other payloads than partial sums always take CAF.
+template <class T>
+bool send_data(shard_actor*, const caf::actor&, const T&) {
+  return false;
+}
+
+/// A partial sum to a shard of another daemon over the data plane
+/// (actors/data_plane.hpp) when its link is up; false: send it through CAF.
+/// The first one to a daemon asks its endpoint (a CAF request to that shard)
+/// and the link comes up in the background.
+bool send_data(shard_actor* self, const caf::actor& to, const partial_sum& m) {
+  auto& st = self->state;
+  const auto& dp = st.init.node->data;
+  if (!dp || !to || to.node() == self->node()) return false;
+  auto it = st.peer_names.find(to.node());
+  if (it == st.peer_names.end()) it = st.peer_names.emplace(to.node(), caf::to_string(to.node())).first;
+  const std::string& peer = it->second;
+  if (dp->send(peer, to.id(), m)) return true;
+  if (dp->should_ask(peer))
+    self->request(to, std::chrono::seconds(2), dp_addr_atom::value)
+        .then([dp, peer](std::string& host, uint16_t port, uint64_t key) { dp->dial(peer, {host, port, key}); },
+              [dp, peer](caf::error&) { dp->ask_failed(peer); });
+  return false;
+}
+
 /// Sends a data message over this node's link to `node`: counted, subject to
 /// the link faults (drop, corrupt) and delivered after the shaper's delay.
 template <class T>
@@ -278,7 +305,7 @@ void deliver(shard_actor* self, const caf::actor& to, int32_t node, T msg) {
   auto& due = st.last_due[session_of(msg)];
   due = std::max<int64_t>(due, (clock_type::now() + delay).time_since_epoch().count());
   if (delay.count() > 0) self->delayed_send(to, delay, std::move(msg));
-  else self->send(to, std::move(msg));
+  else if (!send_data(self, to, msg)) self->send(to, std::move(msg));
 }
 
 void drop_partials(shard_actor* self, uint64_t session, uint32_t below_epoch) {
@@ -1219,6 +1246,11 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   self->attach_functor([node = st0.init.node, bytes = st0.init.weights->bytes()] {
     node->release(bytes);
   });
+  if (st0.init.node && st0.init.node->data) {  // partial sums from other daemons' sockets
+    auto dp = st0.init.node->data;
+    dp->attach(caf::actor_cast<caf::actor>(self));
+    self->attach_functor([dp, id = self->id()] { dp->detach(id); });
+  }
   // A silenced shard behaves like a frozen node: it handles nothing.
   auto silent = [self] {
     auto& st = self->state;
@@ -1240,6 +1272,13 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         for (auto& m : st.unwired) self->send(self, std::move(m));
         st.unwired.clear();
         return {};
+      },
+      // Where partial sums for this process may be sent (actors/data_plane.hpp).
+      [=](dp_addr_atom) -> caf::result<std::string, uint16_t, uint64_t> {
+        const auto& dp = self->state.init.node ? self->state.init.node->data : nullptr;
+        if (!dp) return caf::make_error(caf::sec::invalid_argument, "no data plane");
+        const auto ep = dp->endpoint();
+        return {ep.host, ep.port, ep.key};
       },
       // Embedding holder: tokens -> x, broadcast to the stage's group.
       [=](forward_req& req) {

@@ -4,6 +4,11 @@
 //   net.hop          one hop through CAF's middleman (half a request/response
 //                    round trip to a daemon actor), with and without TLS, vs
 //                    half the raw TCP round trip
+//   net.hop_payload  a partial_sum hop (1 KiB, 64 KiB, 1 MiB) through CAF vs
+//                    half a raw TCP round trip of the same bytes between the
+//                    same two processes
+//   net.hop_data_plane the same hop over the data plane (actors/data_plane.hpp)
+//                    vs the same raw TCP baseline (issue #19 goal: <= 2x)
 //   net.hop_local    the same request to an actor of this process (CAF's
 //                    scheduler and mailboxes alone), vs the same baseline
 //   net.tpot         time per output token over 1, 2, 4, 8 daemon processes
@@ -15,6 +20,7 @@
 // with SIGKILL + waitpid whatever happens; the TLS PKI is made with the
 // openssl command line in a temporary folder.
 #include "actors/cluster.hpp"
+#include "actors/data_plane.hpp"
 #include "actors/messages.hpp"
 #include "actors/remote.hpp"
 #include "actors/local_daemons.hpp"
@@ -241,6 +247,67 @@ std::vector<double> caf_payload_rtts(caf::actor_system& sys, const caf::actor& e
   return fut.get();
 }
 
+/// Round trips (us) of `n` sequential partial_sums of `floats` floats from
+/// an actor of this process over the data plane `dp` (link "echo" up) to the
+/// echo actor `echo_id`, which sends each back over its own data plane.
+std::vector<double> data_payload_rtts(caf::actor_system& sys, const std::shared_ptr<actors::data_plane>& dp,
+                                      const caf::actor& echo, size_t floats, int n) {
+  const caf::actor_id echo_id = echo.id();
+  auto done = std::make_shared<std::promise<std::vector<double>>>();
+  auto fut = done->get_future();
+  auto ping = sys.spawn([dp, echo_id, n, floats, done](caf::event_based_actor* self) -> caf::behavior {
+    auto samples = std::make_shared<std::vector<double>>();
+    auto msg = std::make_shared<actors::partial_sum>();
+    msg->data.data.assign(floats, 0.5f);
+    auto t0 = std::make_shared<clk::time_point>();
+    auto fire = [=] {
+      *t0 = clk::now();
+      if (!dp->send("echo", echo_id, *msg)) {
+        done->set_value({});
+        self->quit();
+      }
+    };
+    return {
+        [=](caf::ok_atom) { fire(); },
+        [=](actors::partial_sum& back) {
+          if (back.data.data.size() != floats || !back.data.ok()) {
+            done->set_value({});
+            self->quit();
+            return;
+          }
+          samples->push_back(std::chrono::duration<double, std::micro>(clk::now() - *t0).count());
+          if (static_cast<int>(samples->size()) >= n) {
+            done->set_value(*samples);
+            self->quit();
+            return;
+          }
+          fire();
+        },
+        caf::after(std::chrono::seconds(10)) >> [=] {
+          done->set_value(*samples);
+          self->quit();
+        }};
+  });
+  dp->attach(ping);
+  {  // the echo sends its answers to this ping actor, over its link to us
+    caf::scoped_actor self{sys};
+    const auto ep = dp->endpoint();
+    bool up = false;
+    self->request(echo, std::chrono::seconds(10), actors::dp_addr_atom::value, ep.host, ep.port, ep.key,
+                  static_cast<uint64_t>(ping.id()))
+        .receive([&](bool ok) { up = ok; }, [&](caf::error&) {});
+    if (!up) {
+      caf::anon_send_exit(ping, caf::exit_reason::user_shutdown);
+      throw cli_error("bench net: the echo process could not reach this data plane");
+    }
+  }
+  caf::anon_send(ping, caf::ok_atom::value);
+  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready)
+    throw cli_error("bench net: the data-plane ping actor did not finish within 120 s");
+  dp->detach(ping.id());
+  return fut.get();
+}
+
 /// Median microseconds to serialise one partial_sum of `floats` floats (the
 /// blob's encode with its XXH64, then CAF's binary serializer) and to
 /// deserialise it (CAF's binary deserializer, then decode with the checksum
@@ -295,9 +362,30 @@ int run_net_echo(const std::string& idle, int caf_threads, int deadline_s) {
   }
   apply_idle(cfg, idle);
   caf::actor_system sys{cfg};
-  auto echo = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
-    return {[](actors::partial_sum& x) { return std::move(x); }};
+  // The data plane's echo: partial sums that came over it (no sender) go
+  // back over it to the actor the bench named; CAF requests are answered.
+  std::shared_ptr<actors::data_plane> dp;
+  if (auto d = actors::data_plane::start("127.0.0.1")) dp = *d;
+  auto reply_id = std::make_shared<std::atomic<uint64_t>>(0);
+  auto echo = sys.spawn([dp, reply_id](caf::event_based_actor* self) -> caf::behavior {
+    return {[=](actors::partial_sum& x) -> caf::result<actors::partial_sum> {
+              if (self->current_sender() || !dp) return std::move(x);
+              dp->send("bench", reply_id->load(), x);
+              return caf::make_error(caf::sec::request_timeout);  // no one asked: nothing is sent
+            },
+            [=](actors::dp_addr_atom) -> caf::result<std::string, uint16_t, uint64_t> {
+              if (!dp) return caf::make_error(caf::sec::invalid_argument, "no data plane");
+              auto ep = dp->endpoint();
+              return {ep.host, ep.port, ep.key};
+            },
+            [=](actors::dp_addr_atom, std::string& host, uint16_t port, uint64_t key, uint64_t reply) -> bool {
+              if (!dp) return false;
+              reply_id->store(reply);
+              if (!dp->link_up("bench") && dp->should_ask("bench")) dp->dial("bench", {host, port, key});
+              return dp->wait_up("bench", std::chrono::milliseconds(5000));  // a bench helper: may block
+            }};
   });
+  if (dp) dp->attach(echo);
   auto port = sys.middleman().publish(echo, 0, "127.0.0.1", true);
   const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
@@ -368,6 +456,20 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
   caf::actor_system sys{cfg};
   auto echo = sys.middleman().remote_actor("127.0.0.1", static_cast<uint16_t>(caf_port));
   if (!echo) throw cli_error("bench net: cannot reach the echo actor: " + sys.render(echo.error()));
+  // This process's data plane and its link to the echo's (asked through CAF).
+  std::shared_ptr<actors::data_plane> dp;
+  if (auto d = actors::data_plane::start("127.0.0.1")) dp = *d;
+  if (dp) {
+    caf::scoped_actor self{sys};
+    self->request(*echo, std::chrono::seconds(10), actors::dp_addr_atom::value)
+        .receive(
+            [&](std::string& host, uint16_t port, uint64_t key) {
+              if (dp->should_ask("echo")) dp->dial("echo", {host, port, key});
+            },
+            [&](caf::error&) {});
+    if (!dp->wait_up("echo", std::chrono::milliseconds(5000)))
+      throw cli_error("bench net: cannot reach the echo process's data plane");
+  }
   const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -381,7 +483,7 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
   }
   for (size_t bytes : sizes) {
     const int n = std::max(20, static_cast<int>(pings * std::min<double>(1.0, 4096.0 / bytes)));
-    std::vector<double> ratios, raw_all, caf_all;
+    std::vector<double> ratios, raw_all, caf_all, dp_ratios, dp_all;
     for (int r = 0; r < rounds; ++r) {
       auto raw = framed_rtts(s, bytes, n);
       auto viacaf = caf_payload_rtts(sys, *echo, bytes / sizeof(float), n);
@@ -392,6 +494,15 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
       caf_all.push_back(mc / 2);
       std::fprintf(stderr, "payload %zu B, round %d: CAF hop %.1f us, raw TCP %.1f us (half round trips), x%.2f\n",
                    bytes, r + 1, mc / 2, mr / 2, mc / mr);
+      if (dp) {
+        auto viadp = data_payload_rtts(sys, dp, *echo, bytes / sizeof(float), n);
+        if (viadp.size() != static_cast<size_t>(n)) throw cli_error("bench net: a data-plane round trip failed");
+        const double md = median(viadp);
+        dp_ratios.push_back(md / mr);
+        dp_all.push_back(md / 2);
+        std::fprintf(stderr, "payload %zu B, round %d: data-plane hop %.1f us, x%.2f raw TCP\n", bytes, r + 1,
+                     md / 2, md / mr);
+      }
     }
     const std::string sz = bytes >= (1u << 20) ? std::to_string(bytes >> 20) + " MiB"
                                                : std::to_string(bytes >> 10) + " KiB";
@@ -412,6 +523,13 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
                     median(caf_all), "us", median(raw_all),
                     "half a raw TCP round trip of the same bytes between the same two processes, same run",
                     median(ratios)});
+    if (dp)
+      rows.push_back({"net.hop_data_plane",
+                      {{"payload", sz}, {"pings", std::to_string(n)}, {"rounds", std::to_string(rounds)},
+                       {"idle", idle.empty() ? "default" : idle}, {"goal", "<= 2x"}},
+                      median(dp_all), "us", median(raw_all),
+                      "half a raw TCP round trip of the same bytes between the same two processes, same run",
+                      median(dp_ratios)});
   }
   ::close(s);
   caf::anon_send_exit(*echo, caf::exit_reason::user_shutdown);

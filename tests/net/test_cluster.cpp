@@ -73,6 +73,18 @@ TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "
   if (!test::have_shared()) return;
   four_nodes c("net-fixtures");
   run_fixtures(c, {{"pipeline", "direct"}, {"tensor", "direct"}, {"hybrid:2x2", "direct"}});
+  // The tensor group's partial sums went daemon to daemon over the data plane
+  // (actors/data_plane.hpp): each daemon dialled the three others.
+  for (auto& n : c.nodes) {
+    const std::string log = n->log();
+    INFO(log);
+    size_t links = 0;
+    for (size_t at = log.find("data plane: link to"); at != std::string::npos;
+         at = log.find("data plane: link to", at + 1))
+      ++links;
+    CHECK(links >= 3);
+    CHECK(log.find("ended (CAF carries") == std::string::npos);
+  }
   // The placement printed by the front end names the daemons' node indices.
   const std::string file = c.dir + "/cluster.json";
   auto r = test::run_command({test::cellshard_bin(), "run", "-m", test::shared_file("models/stories260K.bin"), "-z",

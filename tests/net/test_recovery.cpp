@@ -665,3 +665,51 @@ TEST_CASE("faults injected inside the daemons: crash and silence of placement in
     }
   }
 }
+
+// Issue #19: a tensor group's partial sums go daemon to daemon over the data
+// plane (actors/data_plane.hpp). A rank's daemon SIGKILLed (its data
+// connections die with it) or SIGSTOPped (its sockets fill and stay), and
+// injected crash, silence and corrupt faults of a rank: the spare takes over
+// and the output is the fixture's.
+TEST_CASE("tensor over daemons with the data plane: a rank killed, frozen or faulted, output identical",
+          "[net][recovery][data_plane]") {
+  if (!test::have_shared()) return;
+  const fixture f = load_fixture("greedy_bos_n200");
+  for (const std::string kind : {"kill", "freeze", "crash", "silence", "corrupt"}) {
+    DYNAMIC_SECTION(kind) {
+      daemons d("recovery-tensor-" + kind, 3);
+      const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(1));
+      const std::string json = d.dir + "/run.json";
+      std::vector<std::string> more = paced;
+      if (kind == "crash" || kind == "silence") more = {"--fault", kind + ":node=1:step=30"};
+      if (kind == "corrupt") more = {"--fault", "corrupt:node=1:step=30:n=3"};
+      auto args = run_args(f, cluster, json, more);
+      std::replace(args.begin(), args.end(), std::string("pipeline"), std::string("tensor"));
+      test::front_end_process fe(args);
+      REQUIRE(fe.started());
+      if (kind == "kill" || kind == "freeze") {
+        const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+        INFO(describe(fe, d));
+        REQUIRE(reached);
+        REQUIRE(placement_nodes(fe.err())[1] == 1);  // rank 1 on node 1
+        if (kind == "kill") d[1].signal(SIGKILL);
+        else d[1].freeze();
+      }
+      const int status = fe.wait(run_deadline_s);
+      if (kind == "freeze") d[1].thaw();
+      INFO(describe(fe, d));
+      CHECK(status == 0);
+      CHECK(fe.out() == f.text);
+      // Rank 0's daemon sent its partial sums over the data plane.
+      CHECK_THAT(d[0].log(), Catch::Contains("data plane: link to"));
+      const auto j = read_json(json);
+      INFO("json: " << j.dump(1));
+      CHECK(j.value("diverged", true) == false);
+      if (kind != "corrupt") {
+        const auto recs = faults_of(j, 1);
+        REQUIRE(recs.size() >= 1);
+        CHECK(recs[0].value("moved_to_node", 1) == (kind == "crash" ? 1 : 2));
+      }
+    }
+  }
+}

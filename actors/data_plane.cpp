@@ -1,0 +1,618 @@
+#include "actors/data_plane.hpp"
+
+#include <caf/send.hpp>
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <random>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+namespace cellshard::actors {
+
+namespace {
+
+constexpr uint32_t frame_magic = 0x50445343u;  // "CSDP" read as little-endian bytes
+constexpr uint8_t kind_partial_sum = 1;
+constexpr size_t frame_head = 24;               // magic, kind, pad, destination, body length
+constexpr size_t partial_fields = 32;           // session, epoch, pos0, count, layer, phase, rank
+constexpr size_t blob_head = 13;                // blob::encode's [u8 order][u32 n][u64 xxh64]
+constexpr uint64_t max_body = 1ull << 30;       // a frame larger than this is refused
+constexpr size_t max_pending = 64u << 20;       // bytes queued on one stuck link before dropping
+constexpr int connect_ms = 2000;                // dialling and the key's arrival
+constexpr int max_failures = 3;                 // per peer, then CAF only
+constexpr int send_wait_us = 20000;             // a sender waits this long for socket room, then queues
+
+void put_u32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+void put_u64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+uint32_t get_u32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+uint64_t get_u64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+bool host_big_endian() {
+  const uint16_t one = 1;
+  uint8_t b;
+  std::memcpy(&b, &one, 1);
+  return b == 0;
+}
+
+/// Reads exactly n bytes (blocking socket); false on EOF or error.
+bool read_full(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+/// Reads exactly n bytes before `until` (poll between reads).
+bool read_until(int fd, char* p, size_t n, std::chrono::steady_clock::time_point until) {
+  while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd pf{fd, POLLIN, 0};
+    const int r = ::poll(&pf, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    const ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+void set_nodelay(int fd) {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+}  // namespace
+
+struct data_plane::link {
+  enum class state { none, asking, dialing, up, broken };
+  std::mutex mu;
+  std::condition_variable cv;
+  state st = state::none;
+  int failures = 0;
+  int fd = -1;                          // owned by the link's thread (it closes it)
+  std::deque<std::vector<char>> pending;  // bytes the socket did not take yet, in order
+  size_t pending_off = 0;               // into pending.front()
+  size_t pending_bytes = 0;
+  bool stop = false;
+  std::thread th;
+};
+
+bool data_plane::enabled_by_env() {
+  const char* v = std::getenv("CELLSHARD_DATA_PLANE");
+  return !(v && std::string(v) == "caf");
+}
+
+caf::expected<std::shared_ptr<data_plane>> data_plane::start(const std::string& host,
+                                                            std::function<void(const std::string&)> log) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || !res)
+    return caf::make_error(caf::sec::invalid_argument, "data plane: cannot resolve " + host);
+  int fd = -1;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) break;
+    ::close(fd);
+    fd = -1;
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) return caf::make_error(caf::sec::invalid_argument, "data plane: cannot listen on " + host);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  else if (ss.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  std::shared_ptr<data_plane> dp(new data_plane());
+  dp->listen_fd_ = fd;
+  std::random_device rd;
+  dp->ep_ = data_endpoint{host, port, (static_cast<uint64_t>(rd()) << 32) ^ rd()};
+  dp->log_ = std::move(log);
+  if (dp->log_) dp->log_("data plane: listening " + host + ":" + std::to_string(port));
+  dp->acceptor_ = std::thread([p = dp.get()] { p->accept_loop(); });
+  return dp;
+}
+
+data_plane::~data_plane() {
+  closing_ = true;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+  std::vector<std::shared_ptr<link>> links;
+  std::vector<std::pair<int, std::thread>> readers;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& kv : links_) links.push_back(kv.second);
+    readers.swap(readers_);
+  }
+  for (auto& l : links) {
+    std::lock_guard<std::mutex> g(l->mu);
+    l->stop = true;
+    if (l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
+    l->cv.notify_all();
+  }
+  for (auto& l : links)
+    if (l->th.joinable()) l->th.join();
+  for (auto& r : readers) ::shutdown(r.first, SHUT_RDWR);
+  for (auto& r : readers) {
+    if (r.second.joinable()) r.second.join();
+    ::close(r.first);
+  }
+}
+
+void data_plane::attach(const caf::actor& a) {
+  std::lock_guard<std::mutex> g(mu_);
+  local_[a.id()] = a.address();
+}
+
+void data_plane::detach(caf::actor_id id) {
+  std::lock_guard<std::mutex> g(mu_);
+  local_.erase(id);
+}
+
+data_plane_stats data_plane::stats() const {
+  data_plane_stats s;
+  s.frames_sent = sent_;
+  s.frames_received = received_;
+  s.bytes_sent = bytes_sent_;
+  s.bytes_received = bytes_received_;
+  s.frames_dropped = dropped_;
+  s.links_failed = failed_;
+  s.frames_refused = refused_;
+  return s;
+}
+
+bool data_plane::should_ask(const std::string& peer) {
+  std::shared_ptr<link> l;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (closing_) return false;
+    auto& slot = links_[peer];
+    if (!slot) slot = std::make_shared<link>();
+    l = slot;
+  }
+  std::lock_guard<std::mutex> g(l->mu);
+  if (l->st != link::state::none || l->failures >= max_failures) return false;
+  l->st = link::state::asking;
+  return true;
+}
+
+void data_plane::ask_failed(const std::string& peer) {
+  std::shared_ptr<link> l;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return;
+    l = it->second;
+  }
+  std::lock_guard<std::mutex> g(l->mu);
+  if (l->st != link::state::asking) return;
+  l->st = link::state::none;
+  ++l->failures;
+}
+
+bool data_plane::link_up(const std::string& peer) {
+  std::shared_ptr<link> l;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return false;
+    l = it->second;
+  }
+  std::lock_guard<std::mutex> g(l->mu);
+  return l->st == link::state::up;
+}
+
+bool data_plane::wait_up(const std::string& peer, std::chrono::milliseconds timeout) {
+  std::shared_ptr<link> l;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return false;
+    l = it->second;
+  }
+  std::unique_lock<std::mutex> lk(l->mu);
+  l->cv.wait_for(lk, timeout, [&] { return l->st == link::state::up || l->st == link::state::none; });
+  return l->st == link::state::up;
+}
+
+void data_plane::dial(const std::string& peer, const data_endpoint& ep) {
+  std::shared_ptr<link> l;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = links_.find(peer);
+    if (closing_ || it == links_.end()) return;
+    l = it->second;
+  }
+  std::thread old;
+  {
+    std::lock_guard<std::mutex> g(l->mu);
+    if (l->st != link::state::asking) return;
+    l->st = link::state::dialing;
+    old = std::move(l->th);
+  }
+  if (old.joinable()) old.join();  // the previous link's thread, which ended with it
+  std::lock_guard<std::mutex> g(l->mu);
+  if (l->stop) return;
+  l->th = std::thread([this, l, ep] { flush_loop(l, ep); });
+}
+
+void data_plane::fail(link& l) {
+  l.st = link::state::broken;
+  l.cv.notify_all();
+}
+
+void data_plane::flush_loop(std::shared_ptr<link> l, data_endpoint ep) {
+  using clk = std::chrono::steady_clock;
+  const auto until = clk::now() + std::chrono::milliseconds(connect_ms);
+  int fd = -1;
+  {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string port = std::to_string(ep.port);
+    if (::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res) == 0 && res) {
+      for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
+        fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) continue;
+        int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
+        if (r != 0 && errno == EINPROGRESS) {
+          pollfd pf{fd, POLLOUT, 0};
+          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
+          int err = 0;
+          socklen_t el = sizeof err;
+          if (left > 0 && ::poll(&pf, 1, static_cast<int>(left)) == 1 &&
+              ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0)
+            r = 0;
+        }
+        if (r != 0) {
+          ::close(fd);
+          fd = -1;
+        }
+      }
+      ::freeaddrinfo(res);
+    }
+  }
+  if (fd >= 0) {
+    set_nodelay(fd);
+    char hello[12];
+    put_u32(hello, frame_magic);
+    put_u64(hello + 4, ep.key);
+    size_t off = 0;
+    while (off < sizeof hello) {
+      const ssize_t k = ::send(fd, hello + off, sizeof hello - off, MSG_NOSIGNAL);
+      if (k > 0) {
+        off += static_cast<size_t>(k);
+        continue;
+      }
+      if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
+        pollfd pf{fd, POLLOUT, 0};
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
+        if (left > 0 && ::poll(&pf, 1, static_cast<int>(left)) == 1) continue;
+      }
+      break;
+    }
+    if (off < sizeof hello) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  std::unique_lock<std::mutex> lk(l->mu);
+  if (fd < 0 || l->stop) {
+    if (fd >= 0) ::close(fd);
+    ++failed_;
+    ++l->failures;
+    l->st = link::state::none;
+    l->cv.notify_all();
+    return;
+  }
+  l->fd = fd;
+  l->st = link::state::up;
+  l->cv.notify_all();
+  if (log_) log_("data plane: link to " + ep.host + ":" + std::to_string(ep.port) + " up");
+  for (;;) {
+    l->cv.wait(lk, [&] { return l->stop || l->st != link::state::up || !l->pending.empty(); });
+    if (l->stop || l->st != link::state::up) break;
+    // Flush what the senders could not write at once, in order.
+    bool broke = false;
+    while (!l->pending.empty() && !l->stop && l->st == link::state::up) {
+      auto& front = l->pending.front();
+      const ssize_t k = ::send(fd, front.data() + l->pending_off, front.size() - l->pending_off,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) {
+        l->pending_off += static_cast<size_t>(k);
+        l->pending_bytes -= static_cast<size_t>(k);
+        if (l->pending_off == front.size()) {
+          l->pending.pop_front();
+          l->pending_off = 0;
+        }
+        continue;
+      }
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        lk.unlock();
+        pollfd pf{fd, POLLOUT, 0};
+        ::poll(&pf, 1, 200);  // re-checks stop at least every 200 ms
+        lk.lock();
+        continue;
+      }
+      broke = true;
+      break;
+    }
+    if (broke) break;
+  }
+  // The link ends: a send failed, the socket broke, or the plane stops.
+  if (!l->stop) {
+    ++failed_;
+    ++l->failures;
+  }
+  dropped_ += l->pending.size();
+  l->pending.clear();
+  l->pending_off = 0;
+  l->pending_bytes = 0;
+  l->fd = -1;
+  l->st = link::state::none;
+  l->cv.notify_all();
+  ::close(fd);
+  if (log_ && !l->stop) log_("data plane: link to " + ep.host + ":" + std::to_string(ep.port) + " ended (CAF carries its messages)");
+}
+
+bool data_plane::send_frame(const std::string& peer, const char* head, size_t head_len, const char* body2,
+                            size_t len2, const char* body3, size_t len3) {
+  std::shared_ptr<link> l;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return false;
+    l = it->second;
+  }
+  const size_t total = head_len + len2 + len3;
+  std::lock_guard<std::mutex> g(l->mu);
+  if (l->st != link::state::up || l->stop) return false;
+  size_t written = 0;
+  if (l->pending.empty()) {
+    iovec iov[3] = {{const_cast<char*>(head), head_len}, {const_cast<char*>(body2), len2},
+                    {const_cast<char*>(body3), len3}};
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 3;
+    ssize_t k;
+    do k = ::sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (k < 0 && errno == EINTR);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      fail(*l);  // the link's thread closes the socket; this message goes through CAF
+      return false;
+    }
+    written = k > 0 ? static_cast<size_t>(k) : 0;
+    // A frame larger than the socket's free buffer: the peer's reader drains
+    // it at memory speed, so the rest goes out from this thread as raw TCP
+    // would, waiting at most send_wait_us for room; a peer that does not
+    // read (frozen) leaves the rest to the link's thread.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(send_wait_us);
+    while (written < total) {
+      pollfd pf{l->fd, POLLOUT, 0};
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+      if (::poll(&pf, 1, static_cast<int>(std::max<int64_t>(0, left))) != 1) break;
+      size_t skip = written;
+      iovec rest[3];
+      int cnt = 0;
+      for (int i = 0; i < 3; ++i) {
+        if (skip >= iov[i].iov_len) {
+          skip -= iov[i].iov_len;
+          continue;
+        }
+        rest[cnt].iov_base = static_cast<char*>(iov[i].iov_base) + skip;
+        rest[cnt].iov_len = iov[i].iov_len - skip;
+        skip = 0;
+        ++cnt;
+      }
+      msghdr m2{};
+      m2.msg_iov = rest;
+      m2.msg_iovlen = static_cast<size_t>(cnt);
+      const ssize_t k2 = ::sendmsg(l->fd, &m2, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k2 > 0) written += static_cast<size_t>(k2);
+      else if (k2 < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        if (written == 0) {
+          fail(*l);
+          return false;
+        }
+        fail(*l);  // part of the frame left: the stream is broken; the step's deadline re-sends it
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= until) break;
+    }
+    if (written == total) {
+      ++sent_;
+      bytes_sent_ += total;
+      return true;
+    }
+  } else if (l->pending_bytes + total > max_pending) {
+    ++dropped_;  // a stuck peer (frozen): lost like a message to a frozen node
+    return true;
+  }
+  // The rest waits for the link's thread, which keeps the order.
+  std::vector<char> rest;
+  rest.reserve(total - written);
+  const char* parts[3] = {head, body2, body3};
+  const size_t lens[3] = {head_len, len2, len3};
+  size_t skip = written;
+  for (int i = 0; i < 3; ++i) {
+    if (skip >= lens[i]) {
+      skip -= lens[i];
+      continue;
+    }
+    rest.insert(rest.end(), parts[i] + skip, parts[i] + lens[i]);
+    skip = 0;
+  }
+  l->pending_bytes += rest.size();
+  l->pending.push_back(std::move(rest));
+  l->cv.notify_all();
+  ++sent_;
+  bytes_sent_ += total;
+  return true;
+}
+
+bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial_sum& m) {
+  const bool damaged = !m.data.damaged_wire.empty();
+  const size_t n = m.data.data.size();
+  const size_t blob_len = damaged ? m.data.damaged_wire.size() : blob_head + n * sizeof(float);
+  char head[frame_head + partial_fields + blob_head];
+  put_u32(head, frame_magic);
+  head[4] = static_cast<char>(kind_partial_sum);
+  head[5] = head[6] = head[7] = 0;
+  put_u64(head + 8, dest);
+  put_u64(head + 16, partial_fields + blob_len);
+  char* f = head + frame_head;
+  put_u64(f, m.id.session);
+  put_u32(f + 8, m.id.epoch);
+  put_u32(f + 12, static_cast<uint32_t>(m.id.pos0));
+  put_u32(f + 16, static_cast<uint32_t>(m.id.count));
+  put_u32(f + 20, static_cast<uint32_t>(m.layer));
+  put_u32(f + 24, static_cast<uint32_t>(m.phase));
+  put_u32(f + 28, static_cast<uint32_t>(m.rank));
+  if (damaged)  // the damaged wire form verbatim (fault `corrupt`)
+    return send_frame(peer, head, frame_head + partial_fields, m.data.damaged_wire.data(), blob_len, nullptr, 0);
+  // The blob's wire form as blob::encode writes it, without copying the floats.
+  char* b = head + frame_head + partial_fields;
+  b[0] = static_cast<char>(host_big_endian() ? 1 : 0);
+  const uint32_t nn = static_cast<uint32_t>(n);
+  const uint64_t h = XXH64(m.data.data.data(), n * sizeof(float), 0);
+  std::memcpy(b + 1, &nn, 4);
+  std::memcpy(b + 5, &h, 8);
+  return send_frame(peer, head, sizeof head, reinterpret_cast<const char*>(m.data.data.data()), n * sizeof(float),
+                    nullptr, 0);
+}
+
+void data_plane::accept_loop() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (closing_) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
+      return;
+    }
+    set_nodelay(fd);
+    std::lock_guard<std::mutex> g(mu_);
+    // Reader threads of closed connections stay until the plane ends (a few per peer restart).
+    readers_.emplace_back(fd, std::thread([this, fd] { read_loop(fd); }));
+  }
+}
+
+void data_plane::read_loop(int fd) {
+  // The dialler's key first, within the connect deadline.
+  char hello[12];
+  if (!read_until(fd, hello, sizeof hello,
+                  std::chrono::steady_clock::now() + std::chrono::milliseconds(connect_ms)) ||
+      get_u32(hello) != frame_magic || get_u64(hello + 4) != ep_.key) {
+    ++refused_;
+    if (log_ && !closing_) log_("data plane: refused a connection (no key, or the wrong one)");
+    ::shutdown(fd, SHUT_RDWR);
+    return;
+  }
+  const bool host_big = host_big_endian();
+  char head[frame_head + partial_fields + blob_head];
+  for (;;) {
+    if (!read_full(fd, head, frame_head)) break;
+    const uint64_t dest = get_u64(head + 8);
+    const uint64_t body = get_u64(head + 16);
+    if (get_u32(head) != frame_magic || static_cast<uint8_t>(head[4]) != kind_partial_sum ||
+        body < partial_fields + blob_head || body > max_body) {
+      ++refused_;
+      break;
+    }
+    char* f = head + frame_head;
+    if (!read_full(fd, f, partial_fields + blob_head)) break;
+    partial_sum m;
+    m.id.session = get_u64(f);
+    m.id.epoch = get_u32(f + 8);
+    m.id.pos0 = static_cast<int32_t>(get_u32(f + 12));
+    m.id.count = static_cast<int32_t>(get_u32(f + 16));
+    m.layer = static_cast<int32_t>(get_u32(f + 20));
+    m.phase = static_cast<int32_t>(get_u32(f + 24));
+    m.rank = static_cast<int32_t>(get_u32(f + 28));
+    // The blob as blob::decode reads it: the sender's byte order, the count,
+    // the checksum of the payload as sent.
+    const char* b = f + partial_fields;
+    const bool swap = (b[0] != 0) != host_big;
+    uint32_t n;
+    uint64_t h;
+    std::memcpy(&n, b + 1, 4);
+    std::memcpy(&h, b + 5, 8);
+    if (swap) {
+      n = __builtin_bswap32(n);
+      h = __builtin_bswap64(h);
+    }
+    if (body != partial_fields + blob_head + static_cast<uint64_t>(n) * 4) {
+      ++refused_;  // the frame's length disagrees with its blob: the stream cannot be trusted
+      break;
+    }
+    m.data.data.resize(n);
+    if (!read_full(fd, reinterpret_cast<char*>(m.data.data.data()), static_cast<size_t>(n) * 4)) break;
+    if (XXH64(m.data.data.data(), static_cast<size_t>(n) * 4, 0) != h) {
+      m.data.data.clear();
+      m.data.status = 1;
+    } else if (swap) {
+      for (auto& x : m.data.data) {
+        uint32_t v;
+        std::memcpy(&v, &x, 4);
+        v = __builtin_bswap32(v);
+        std::memcpy(&x, &v, 4);
+      }
+    }
+    ++received_;
+    bytes_received_ += frame_head + body;
+    caf::actor to;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = local_.find(dest);
+      if (it != local_.end()) to = caf::actor_cast<caf::actor>(it->second);
+    }
+    if (to) caf::anon_send(to, std::move(m));  // an actor that is gone: dropped, as CAF would
+  }
+  ::shutdown(fd, SHUT_RDWR);
+}
+
+}  // namespace cellshard::actors
