@@ -292,18 +292,30 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   spec.params = model::normalise(std::move(params), im.file->cfg().seq_len);
   spec.tok = im.tok;
   spec.vocab_size = im.file->cfg().vocab_size;
+  // A request the cluster cannot take ends at once, on this thread, and
+  // with no lock held: on_done may call back into the cluster (a client
+  // that resubmits from on_done would otherwise wait on itself for ever).
+  auto refuse = [&](std::string why) {
+    session_outcome o;
+    o.ok = false;
+    o.error = std::move(why);
+    if (on_done) on_done(id, o);
+    return id;
+  };
+  bool stopped = false;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    stopped = im.stopped;
+  }
+  if (stopped) return refuse("cluster is shut down");
+  std::string failure;
   {
     std::lock_guard<std::mutex> lock(im.rt->mu);
     spec.shards = im.rt->actor_of;
     spec.entry = im.rt->actor_of[im.plan.stages.front().shards.front()];
-    if (im.rt->failed) {
-      session_outcome o;
-      o.ok = false;
-      o.error = im.rt->failure;
-      if (on_done) on_done(id, o);
-      return id;
-    }
+    if (im.rt->failed) failure = im.rt->failure.empty() ? std::string("the runtime failed") : im.rt->failure;
   }
+  if (!failure.empty()) return refuse(failure);
   for (const auto& sh : im.plan.shards) spec.stage_of.push_back(sh.stage);
   for (const auto& stg : im.plan.stages) spec.stages.push_back(stg.shards);
   for (const auto& sh : im.plan.shards) spec.expert_node.push_back(sh.expert_node ? 1 : 0);
@@ -333,16 +345,12 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
     }
     if (on_done) on_done(id, o);
   };
-  std::lock_guard<std::mutex> lock(im.mu);
-  if (im.stopped) {
-    session_outcome o;
-    o.ok = false;
-    o.error = "cluster is shut down";
-    if (on_done) on_done(id, o);
-    return id;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    stopped = im.stopped;
+    if (!stopped) im.sessions[id] = spawn_session(*im.sys, std::move(spec));
   }
-  im.sessions[id] = spawn_session(*im.sys, std::move(spec));
-  return id;
+  return stopped ? refuse("cluster is shut down") : id;
 }
 
 void cluster::cancel(uint64_t request) {

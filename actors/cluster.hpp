@@ -110,6 +110,9 @@ public:
   cluster& operator=(const cluster&) = delete;
 
   /// Starts a request; returns its id at once. `params` are normalised as run.c does.
+  /// When the cluster has failed or is shut down, on_done runs before submit
+  /// returns, on the calling thread (no lock held: it may submit again; a
+  /// client that resubmits on every failure should stop once failure() is set).
   uint64_t submit(model::generation_params params, token_callback on_token, done_callback on_done,
                   const request_options& extra = {});
   /// Cancels a request: its session stops and every shard frees its KV cache.

@@ -102,7 +102,10 @@ phase_result run_phase(actors::local_daemons& d, const loaded_model& lm, const f
   };
   std::weak_ptr<std::function<void()>> weak = start_one;
   *start_one = [sh, cl, gp, on_token, weak] {
-    cl->submit(gp, on_token, [sh, weak](uint64_t, const actors::session_outcome& so) {
+    cl->submit(gp, on_token, [sh, weak, cl](uint64_t, const actors::session_outcome& so) {
+      // A failed runtime refuses every request at once: resubmitting would
+      // spin (and recurse: the refusal comes back inside submit).
+      const bool runtime_failed = !so.ok && !cl->failure().empty();
       bool again = false;
       {
         std::lock_guard<std::mutex> lk(sh->mu);
@@ -112,7 +115,7 @@ phase_result run_phase(actors::local_daemons& d, const loaded_model& lm, const f
           ++sh->failed;
           if (sh->first_error.empty()) sh->first_error = so.error;
         }
-        again = !sh->stop && steady_ns() < sh->t_end;
+        again = !sh->stop && !runtime_failed && steady_ns() < sh->t_end;
         if (again) ++sh->active;
       }
       if (again)

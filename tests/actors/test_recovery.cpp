@@ -184,6 +184,44 @@ TEST_CASE("recovery impossible: the error and the partial output come back", "[r
   }
 }
 
+TEST_CASE("on_done may submit again once the cluster has failed or is shut down", "[recovery][errors]") {
+  if (!test::have_shared()) return;
+  // The refusal of a request comes back inside submit(); it used to run
+  // with the runtime's mutex (or the request table's) held, so a client
+  // resubmitting from on_done waited on itself for ever (found by
+  // bench failures, whose second round hung after a failed recovery).
+  auto o = test::stories_options(3, "pipeline");
+  for (const char* spec : {"crash:node=1:step=10", "crash:node=1:step=20", "crash:node=1:step=30",
+                           "crash:node=1:step=40"}) {
+    auto f = supervision::parse_fault_spec(spec);
+    REQUIRE(f.ok());
+    o.faults.push_back(*f);
+  }
+  auto cl = actors::cluster::start(o);
+  REQUIRE(cl.ok());
+  auto& c = **cl;
+  const auto params = test::params_of(fixture("greedy_bos_n200"));
+  auto first = c.generate(params, {}, std::chrono::seconds(60));
+  REQUIRE(first.ok());
+  REQUIRE_FALSE(first->ok);
+  REQUIRE_FALSE(c.failure().empty());
+  auto resubmit = [&c, &params](std::vector<std::string>& errors) {
+    c.submit(params, {}, [&c, &params, &errors](uint64_t, const actors::session_outcome& so) {
+      errors.push_back(so.error);
+      c.submit(params, {}, [&errors](uint64_t, const actors::session_outcome& again) { errors.push_back(again.error); });
+    });
+  };
+  std::vector<std::string> errors;
+  resubmit(errors);  // the refusal runs on this thread, before submit returns
+  REQUIRE(errors.size() == 2);
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("restart intensity"));
+  c.shutdown();
+  errors.clear();
+  resubmit(errors);
+  REQUIRE(errors.size() == 2);
+  for (const auto& e : errors) CHECK(e == "cluster is shut down");
+}
+
 TEST_CASE("a node that was suspected and heartbeats again rejoins as a spare", "[recovery][replace]") {
   if (!test::have_shared()) return;
   // Paced (10 ms per step at stage 0) so that node 1's 1.2 s silence (from
