@@ -130,6 +130,19 @@ void quant_q8_portable(float* out, const B* W, std::size_t stride, const q8_bloc
 // ---------------------------------------------------------------------------
 // AVX2 + FMA level (8 lanes).
 
+// The prefetch distance of a pass over 4 rows: the same bytes in the rows
+// k groups of 4 further on, k the smallest that puts them at least 8 KiB
+// ahead. Measured (1 thread, CPU time, 65536 x 768 rows: 432 bytes of q4_0
+// per row) against one group (1728 bytes): q4_0 exact 16-17 -> 19-22 GB/s,
+// q4_0 ggml 23-26 -> 38-54, q8_0 ggml 31-35 -> 45-49; 2 KiB and 4 KiB
+// fell between; no change at 2048 columns and wider.
+constexpr std::ptrdiff_t min_prefetch_bytes = 8192;
+inline std::ptrdiff_t group_prefetch(std::size_t stride) {
+  const std::ptrdiff_t g = 4 * static_cast<std::ptrdiff_t>(stride);
+  return g * std::max<std::ptrdiff_t>(1, (min_prefetch_bytes + g - 1) / g);
+}
+
+
 CS_AVX2 inline float hsum256(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
@@ -257,26 +270,57 @@ CS_AVX2 inline __m256 block_dot_avx2(const q4_block& b, const float* x, int base
   return q4_block_dot_avx2(b.qs, x, base, cols, full);
 }
 
-// Exact precision: acc[b % 2] += d_b * (block b's lane products).
-template <class B>
-CS_AVX2 void quant_avx2(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
+// Exact precision: acc[b % 2] += d_b * (block b's lane products), per row.
+// NR rows (1..4) pass together so that each load of x serves NR rows, and
+// each pair of blocks prefetches the same bytes `pf` further on (the next
+// group of rows), as quant_avx512_rows. A row's operations and their order
+// are those of one row at a time (before session 8 this level did one row
+// at a time; results are bit-identical to it).
+template <class B, int NR>
+CS_AVX2 inline void quant_avx2_rows(const B* const* row, const float* x, float* res, int cols, std::ptrdiff_t pf) {
   const int nb = q8_blocks_per_row(cols);
   const int full = cols / 32;
-  for (int r = r0; r < r1; ++r) {
-    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= full; b += 2) {
-      a0 = _mm256_fmadd_ps(load_scale256(row[b].d), block_dot_avx2(row[b], x, b * 32, cols, true), a0);
-      a1 = _mm256_fmadd_ps(load_scale256(row[b + 1].d),
-                           block_dot_avx2(row[b + 1], x, b * 32 + 32, cols, true), a1);
+  __m256 a0[NR], a1[NR];
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 2 <= full; b += 2) {
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const char* p = reinterpret_cast<const char*>(row[i] + b);
+      _mm_prefetch(p + pf, _MM_HINT_T0);
+      if (2 * sizeof(B) > 64) _mm_prefetch(p + pf + 64, _MM_HINT_T0);
+      a0[i] = _mm256_fmadd_ps(load_scale256(row[i][b].d), block_dot_avx2(row[i][b], x, b * 32, cols, true), a0[i]);
+      a1[i] = _mm256_fmadd_ps(load_scale256(row[i][b + 1].d),
+                              block_dot_avx2(row[i][b + 1], x, b * 32 + 32, cols, true), a1[i]);
     }
-    for (; b < nb; ++b) {
-      const __m256 t = block_dot_avx2(row[b], x, b * 32, cols, b < full);
-      if (b % 2 == 0) a0 = _mm256_fmadd_ps(load_scale256(row[b].d), t, a0);
-      else a1 = _mm256_fmadd_ps(load_scale256(row[b].d), t, a1);
+  }
+  for (; b < nb; ++b) {
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const __m256 t = block_dot_avx2(row[i][b], x, b * 32, cols, b < full);
+      if (b % 2 == 0) a0[i] = _mm256_fmadd_ps(load_scale256(row[i][b].d), t, a0[i]);
+      else a1[i] = _mm256_fmadd_ps(load_scale256(row[i][b].d), t, a1[i]);
     }
-    out[r] = hsum256(_mm256_add_ps(a0, a1));
+  }
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) res[i] = hsum256(_mm256_add_ps(a0[i], a1[i]));
+}
+
+// Rows [r0, r1): groups of avx2_rows rows, then one at a time.
+constexpr int avx2_rows = 4;
+template <class B>
+CS_AVX2 void quant_avx2(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
+  auto row_at = [&](int r) { return reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride); };
+  int r = r0;
+  for (; r + avx2_rows <= r1; r += avx2_rows) {
+    const B* rows[avx2_rows];
+    for (int i = 0; i < avx2_rows; ++i) rows[i] = row_at(r + i);
+    quant_avx2_rows<B, avx2_rows>(rows, x, out + r, cols, group_prefetch(stride));
+  }
+  for (; r < r1; ++r) {
+    const B* rows[1] = {row_at(r)};
+    quant_avx2_rows<B, 1>(rows, x, out + r, cols, static_cast<std::ptrdiff_t>(stride));
   }
 }
 
@@ -294,25 +338,56 @@ CS_AVX2 inline __m256i w_bytes_avx2(const q8_block& b) {
 }
 CS_AVX2 inline __m256i w_bytes_avx2(const q4_block& b) { return q4_bytes_avx2(b.qs); }
 
-// ggml precision: acc[b % 2] += (d_w * d_x) * int lanes of block b.
+// ggml precision: acc[b % 2] += (d_w * d_x) * int lanes of block b, per
+// row; NR rows share the loads of x_q and its scales, prefetch as above
+// (bit-identical to one row at a time, this level's kernel before session 8).
+template <class B, int NR>
+CS_AVX2 inline void quant_q8_avx2_rows(const B* const* row, const q8_block* xq, float* res, int cols,
+                                       std::ptrdiff_t pf) {
+  const int nb = q8_blocks_per_row(cols);
+  __m256 a0[NR], a1[NR];
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const __m256i y0 = w_bytes_avx2(xq[b]), y1 = w_bytes_avx2(xq[b + 1]);
+    const float dx0 = _cvtsh_ss(xq[b].d), dx1 = _cvtsh_ss(xq[b + 1].d);
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const char* p = reinterpret_cast<const char*>(row[i] + b);
+      _mm_prefetch(p + pf, _MM_HINT_T0);
+      if (2 * sizeof(B) > 64) _mm_prefetch(p + pf + 64, _MM_HINT_T0);
+      const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[i][b]), y0);
+      const __m256 p1 = i8_dot_avx2(w_bytes_avx2(row[i][b + 1]), y1);
+      a0[i] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[i][b].d) * dx0), p0, a0[i]);
+      a1[i] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[i][b + 1].d) * dx1), p1, a1[i]);
+    }
+  }
+  if (b < nb) {
+    const __m256i y0 = w_bytes_avx2(xq[b]);
+    const float dx0 = _cvtsh_ss(xq[b].d);
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[i][b]), y0);
+      a0[i] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[i][b].d) * dx0), p0, a0[i]);
+    }
+  }
+  CS_UNROLL
+  for (int i = 0; i < NR; ++i) res[i] = hsum256(_mm256_add_ps(a0[i], a1[i]));
+}
+
 template <class B>
 CS_AVX2 void quant_q8_avx2(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1, int cols) {
-  const int nb = q8_blocks_per_row(cols);
-  for (int r = r0; r < r1; ++r) {
-    const B* row = reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride);
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb; b += 2) {
-      const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[b]), w_bytes_avx2(xq[b]));
-      const __m256 p1 = i8_dot_avx2(w_bytes_avx2(row[b + 1]), w_bytes_avx2(xq[b + 1]));
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[b].d) * _cvtsh_ss(xq[b].d)), p0, a0);
-      a1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[b + 1].d) * _cvtsh_ss(xq[b + 1].d)), p1, a1);
-    }
-    if (b < nb) {
-      const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[b]), w_bytes_avx2(xq[b]));
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[b].d) * _cvtsh_ss(xq[b].d)), p0, a0);
-    }
-    out[r] = hsum256(_mm256_add_ps(a0, a1));
+  auto row_at = [&](int r) { return reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride); };
+  int r = r0;
+  for (; r + avx2_rows <= r1; r += avx2_rows) {
+    const B* rows[avx2_rows];
+    for (int i = 0; i < avx2_rows; ++i) rows[i] = row_at(r + i);
+    quant_q8_avx2_rows<B, avx2_rows>(rows, xq, out + r, cols, group_prefetch(stride));
+  }
+  for (; r < r1; ++r) {
+    const B* rows[1] = {row_at(r)};
+    quant_q8_avx2_rows<B, 1>(rows, xq, out + r, cols, static_cast<std::ptrdiff_t>(stride));
   }
 }
 
@@ -493,18 +568,6 @@ CS_AVX512 inline void quant_avx512_rows(const B* const* row, const float* x, flo
   }
   CS_UNROLL
   for (int i = 0; i < NR; ++i) res[i] = hsum512(_mm512_add_ps(a0[i], a1[i]));
-}
-
-// The prefetch distance of a pass over 4 rows: the same bytes in the rows
-// k groups of 4 further on, k the smallest that puts them at least 8 KiB
-// ahead. Measured (1 thread, CPU time, 65536 x 768 rows: 432 bytes of q4_0
-// per row) against one group (1728 bytes): q4_0 exact 16-17 -> 19-22 GB/s,
-// q4_0 ggml 23-26 -> 38-54, q8_0 ggml 31-35 -> 45-49; 2 KiB and 4 KiB
-// fell between; no change at 2048 columns and wider.
-constexpr std::ptrdiff_t min_prefetch_bytes = 8192;
-inline std::ptrdiff_t group_prefetch(std::size_t stride) {
-  const std::ptrdiff_t g = 4 * static_cast<std::ptrdiff_t>(stride);
-  return g * std::max<std::ptrdiff_t>(1, (min_prefetch_bytes + g - 1) / g);
 }
 
 template <class B>
