@@ -171,6 +171,22 @@ int run_kernels_bench(const kernels_bench_options& o, std::ostream& out,
     }
     bes.push_back(be);
   }
+  // --isa: native's level for this run (restored on every return).
+  struct isa_restore {
+    kernels::native::isa saved = kernels::native::active_isa();
+    ~isa_restore() { kernels::native::set_isa(saved); }
+  } isa_guard;
+  if (!o.isa.empty()) {
+    bool set = false;
+    for (kernels::native::isa i : kernels::native::all_isas)
+      if (o.isa == kernels::native::to_string(i)) set = kernels::native::set_isa(i);
+    if (!set) {
+      out << "bench kernels: --isa '" << o.isa << "' is not a level this CPU and build run (best here: "
+          << kernels::native::to_string(kernels::native::best_isa())
+          << "; levels: portable, avx2, avx512, avx512vnni, neon)\n";
+      return 1;
+    }
+  }
   const int threads =
       o.workers > 0 ? o.workers : std::max(1u, std::thread::hardware_concurrency());
   const kernels::spe::options saved = kernels::spe::get_options();

@@ -36,6 +36,11 @@ struct kernels_bench_options {
   /// probe with its threads' CPU clocks): for a machine shared with other
   /// work. Only meaningful with workers == 1 (other threads' time is not seen).
   bool cpu_time = false;
+  /// native's level for the run ("portable", "avx2", "avx512", "avx512vnni",
+  /// "neon"; empty = the best this CPU runs), as native::set_isa: a lower
+  /// level than the CPU's measures that level's kernels (e.g. AVX2 on an
+  /// AVX-512 machine). An unknown or unsupported level is an error (1).
+  std::string isa;
 };
 
 /// One measured row (the shape of CLI.md's bench JSON): value with unit, and

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   app.add_option("--backends", o.backends, "backends to measure")->delimiter(',')->capture_default_str();
   app.add_option("--min-seconds", o.min_seconds, "time per measurement")->capture_default_str();
   app.add_option("--probe-mib", o.probe_mib, "bandwidth probe buffer")->capture_default_str();
+  app.add_option("--isa", o.isa, "native level: portable|avx2|avx512|avx512vnni|neon (default: the best here)");
   app.add_flag("--cpu-time", o.cpu_time,
                "time with thread CPU clocks instead of wall time (a shared machine; use with --workers 1)");
   app.add_option("--json", json, "rows as JSON to FILE (- = stdout)");

@@ -51,6 +51,7 @@ void add_bench(CLI::App& app, int& status) {
   kb->add_option("--backends", ko->backends, "backends to measure")->delimiter(',')->capture_default_str();
   kb->add_option("--min-seconds", ko->min_seconds, "time per measurement")->capture_default_str();
   kb->add_option("--probe-mib", ko->probe_mib, "bandwidth probe buffer (MiB)")->capture_default_str();
+  kb->add_option("--isa", ko->isa, "native level: portable|avx2|avx512|avx512vnni|neon (default: the best here)");
   kb->add_flag("--cpu-time", ko->cpu_time,
                "time with thread CPU clocks instead of wall time (a shared machine; use with --threads 1)");
   kb->add_option("--json", *kjson, "rows as JSON to FILE (- = stdout)");

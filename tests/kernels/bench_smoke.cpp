@@ -1,6 +1,7 @@
 // `bench kernels` as a library function: it runs, reports every backend and
 // baseline, and its JSON has the documented shape. No timed assertions.
 #include "bench/kernels_bench.hpp"
+#include "kernels/native.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -36,4 +37,26 @@ TEST_CASE("bench kernels runs a small shape and emits rows", "[bench][kernels]")
 
   o.backends = {"no-such-backend"};
   CHECK(cellshard::bench::run_kernels_bench(o, out, &json) == 1);
+}
+
+TEST_CASE("bench kernels --isa runs native at that level and restores it", "[bench][kernels]") {
+  cellshard::bench::kernels_bench_options o;
+  o.rows = 32;
+  o.cols = 64;
+  o.workers = 1;
+  o.min_seconds = 0.001;
+  o.probe_mib = 1;
+  o.backends = {"native"};
+  const auto before = cellshard::kernels::native::active_isa();
+  o.isa = "portable";  // every CPU runs it
+  std::ostringstream out;
+  std::string json;
+  REQUIRE(cellshard::bench::run_kernels_bench(o, out, &json) == 0);
+  CHECK(out.str().find("native level portable") != std::string::npos);
+  CHECK(cellshard::kernels::native::active_isa() == before);
+  o.isa = "avx3";
+  std::ostringstream bad;
+  CHECK(cellshard::bench::run_kernels_bench(o, bad, &json) == 1);
+  CHECK(bad.str().find("--isa 'avx3'") != std::string::npos);
+  CHECK(cellshard::kernels::native::active_isa() == before);
 }
