@@ -276,7 +276,7 @@ CS_AVX2 inline __m256 block_dot_avx2(const q4_block& b, const float* x, int base
 // group of rows), as quant_avx512_rows. A row's operations and their order
 // are those of one row at a time (before session 8 this level did one row
 // at a time; results are bit-identical to it).
-template <class B, int NR>
+template <class B, int NR, bool PF = true>
 CS_AVX2 inline void quant_avx2_rows(const B* const* row, const float* x, float* res, int cols, std::ptrdiff_t pf) {
   const int nb = q8_blocks_per_row(cols);
   const int full = cols / 32;
@@ -287,9 +287,11 @@ CS_AVX2 inline void quant_avx2_rows(const B* const* row, const float* x, float* 
   for (; b + 2 <= full; b += 2) {
     CS_UNROLL
     for (int i = 0; i < NR; ++i) {
-      const char* p = reinterpret_cast<const char*>(row[i] + b);
-      _mm_prefetch(p + pf, _MM_HINT_T0);
-      if (2 * sizeof(B) > 64) _mm_prefetch(p + pf + 64, _MM_HINT_T0);
+      if (PF) {
+        const char* p = reinterpret_cast<const char*>(row[i] + b);
+        _mm_prefetch(p + pf, _MM_HINT_T0);
+        if (2 * sizeof(B) > 64) _mm_prefetch(p + pf + 64, _MM_HINT_T0);
+      }
       a0[i] = _mm256_fmadd_ps(load_scale256(row[i][b].d), block_dot_avx2(row[i][b], x, b * 32, cols, true), a0[i]);
       a1[i] = _mm256_fmadd_ps(load_scale256(row[i][b + 1].d),
                               block_dot_avx2(row[i][b + 1], x, b * 32 + 32, cols, true), a1[i]);
@@ -307,12 +309,28 @@ CS_AVX2 inline void quant_avx2_rows(const B* const* row, const float* x, float* 
   for (int i = 0; i < NR; ++i) res[i] = hsum256(_mm256_add_ps(a0[i], a1[i]));
 }
 
-// Rows [r0, r1): groups of avx2_rows rows, then one at a time.
+// Rows [r0, r1): groups of avx2_rows rows, then one at a time -- when x
+// (the bytes of it a row reads) is larger than 16 KiB, half of L1. With a
+// smaller x, one row at a time without prefetch was faster at this level
+// (measured, 1 thread, CPU time, against the 4-row kernel: 768 and 4096
+// columns, in and beyond the caches: q8_0 exact 18-22 vs 15-20 GB/s, q4_0
+// exact 7.4-8.1 vs 6.1-7.0, q8_0 ggml 30 vs 18-22 beyond the caches; the 16
+// ymm registers do not hold 4 rows' accumulators and the block's values);
+// at 16384 columns the 4 rows won (q8_0 exact 8.3 -> 12-17 GB/s). Either
+// way a row's result is the same bits (quant_avx2_rows).
 constexpr int avx2_rows = 4;
+inline bool avx2_row_groups(std::size_t x_bytes) { return x_bytes > 16 * 1024; }
 template <class B>
 CS_AVX2 void quant_avx2(float* out, const B* W, std::size_t stride, const float* x, int r0, int r1, int cols) {
   auto row_at = [&](int r) { return reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride); };
   int r = r0;
+  if (!avx2_row_groups(static_cast<std::size_t>(cols) * sizeof(float))) {
+    for (; r < r1; ++r) {
+      const B* rows[1] = {row_at(r)};
+      quant_avx2_rows<B, 1, false>(rows, x, out + r, cols, 0);
+    }
+    return;
+  }
   for (; r + avx2_rows <= r1; r += avx2_rows) {
     const B* rows[avx2_rows];
     for (int i = 0; i < avx2_rows; ++i) rows[i] = row_at(r + i);
@@ -341,7 +359,7 @@ CS_AVX2 inline __m256i w_bytes_avx2(const q4_block& b) { return q4_bytes_avx2(b.
 // ggml precision: acc[b % 2] += (d_w * d_x) * int lanes of block b, per
 // row; NR rows share the loads of x_q and its scales, prefetch as above
 // (bit-identical to one row at a time, this level's kernel before session 8).
-template <class B, int NR>
+template <class B, int NR, bool PF = true>
 CS_AVX2 inline void quant_q8_avx2_rows(const B* const* row, const q8_block* xq, float* res, int cols,
                                        std::ptrdiff_t pf) {
   const int nb = q8_blocks_per_row(cols);
@@ -354,9 +372,11 @@ CS_AVX2 inline void quant_q8_avx2_rows(const B* const* row, const q8_block* xq, 
     const float dx0 = _cvtsh_ss(xq[b].d), dx1 = _cvtsh_ss(xq[b + 1].d);
     CS_UNROLL
     for (int i = 0; i < NR; ++i) {
-      const char* p = reinterpret_cast<const char*>(row[i] + b);
-      _mm_prefetch(p + pf, _MM_HINT_T0);
-      if (2 * sizeof(B) > 64) _mm_prefetch(p + pf + 64, _MM_HINT_T0);
+      if (PF) {
+        const char* p = reinterpret_cast<const char*>(row[i] + b);
+        _mm_prefetch(p + pf, _MM_HINT_T0);
+        if (2 * sizeof(B) > 64) _mm_prefetch(p + pf + 64, _MM_HINT_T0);
+      }
       const __m256 p0 = i8_dot_avx2(w_bytes_avx2(row[i][b]), y0);
       const __m256 p1 = i8_dot_avx2(w_bytes_avx2(row[i][b + 1]), y1);
       a0[i] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(row[i][b].d) * dx0), p0, a0[i]);
@@ -380,6 +400,13 @@ template <class B>
 CS_AVX2 void quant_q8_avx2(float* out, const B* W, std::size_t stride, const q8_block* xq, int r0, int r1, int cols) {
   auto row_at = [&](int r) { return reinterpret_cast<const B*>(reinterpret_cast<const char*>(W) + r * stride); };
   int r = r0;
+  if (!avx2_row_groups(static_cast<std::size_t>(q8_blocks_per_row(cols)) * sizeof(q8_block))) {
+    for (; r < r1; ++r) {
+      const B* rows[1] = {row_at(r)};
+      quant_q8_avx2_rows<B, 1, false>(rows, xq, out + r, cols, 0);
+    }
+    return;
+  }
   for (; r + avx2_rows <= r1; r += avx2_rows) {
     const B* rows[avx2_rows];
     for (int i = 0; i < avx2_rows; ++i) rows[i] = row_at(r + i);
