@@ -57,6 +57,12 @@ using sv_remove_atom = caf::atom_constant<caf::atom("sv_remove")>;
 using sv_exited_atom = caf::atom_constant<caf::atom("sv_exited")>;
 /// Internal: a child failed to start; handled as a crash of that child.
 using sv_retry_atom = caf::atom_constant<caf::atom("sv_retry")>;
+/// Internal: the result of a start that ran off the supervisor's thread
+/// (child_spec::start_may_block): (sv_started, std::string id, uint64_t
+/// attempt, caf::actor handle) -> bool accepted. A result the supervisor no
+/// longer waits for (the child was terminated meanwhile, or the supervisor
+/// is stopping) is refused, and its starter kills the handle.
+using sv_started_atom = caf::atom_constant<caf::atom("sv_started")>;
 
 // -- heartbeats ---------------------------------------------------------------
 using hb_atom = caf::atom_constant<caf::atom("hb")>;

@@ -59,7 +59,19 @@ struct child_entry {
   caf::actor handle;            // invalid while not running
   std::uint64_t restarts = 0;
   caf::error last_reason;
+  // A start running off the supervisor's thread (start_may_block).
+  bool starting = false;
+  bool starting_first = false;   // its first start: a failure escalates
+  std::uint64_t attempt = 0;     // tags results; a stale one is refused
+  std::string starting_cause;    // for the child_restarted event
+  caf::error starting_reason;
 };
+
+child_entry entry_of(child_spec spec) {
+  child_entry e;
+  e.spec = std::move(spec);
+  return e;
+}
 
 struct supervisor_state;
 using supervisor_actor = caf::stateful_actor<supervisor_state>;
@@ -129,9 +141,20 @@ struct supervisor_state {
   }
 
   // Starts children[i]; on failure queues a retry that counts as an exit.
-  bool start(std::size_t i, bool first_start) {
+  // A start that may block is only launched here (true: pending); its
+  // result comes back as sv_started (started()).
+  bool start(std::size_t i, bool first_start, const std::string& cause = {}, const caf::error& why = {}) {
     auto& c = children[i];
     if (!first_start) ++c.restarts;
+    if (c.spec.start_may_block) {
+      c.handle = nullptr;
+      c.starting = true;
+      c.starting_first = first_start;
+      c.starting_cause = cause;
+      c.starting_reason = why;
+      launch_blocking_start(c, ++c.attempt);
+      return true;
+    }
     start_context ctx{self->home_system(), me(), c.spec.id, c.restarts, c.last_reason};
     caf::actor h = c.spec.start(ctx);
     if (!h) {
@@ -144,7 +167,55 @@ struct supervisor_state {
     return true;
   }
 
+  // The helper owns copies of everything the factory reads; the context's
+  // references point into the helper's own state.
+  void launch_blocking_start(const child_entry& c, std::uint64_t attempt) {
+    auto sup = me();
+    auto factory = c.spec.start;
+    auto id = c.spec.id;
+    auto incarnation = c.restarts;
+    auto last = c.last_reason;
+    self->home_system().spawn<caf::detached + caf::hidden>(
+        [sup, factory, id, incarnation, last, attempt](caf::event_based_actor* helper) -> caf::behavior {
+          start_context ctx{helper->home_system(), sup, id, incarnation, last};
+          caf::actor h = factory(ctx);
+          helper->request(sup, std::chrono::seconds(10), sv_started_atom::value, id, attempt, h)
+              .then(
+                  [helper, h](bool accepted) {
+                    if (!accepted && h) helper->send_exit(h, caf::exit_reason::kill);
+                    helper->quit();
+                  },
+                  [helper, h](caf::error&) {  // the supervisor is gone
+                    if (h) helper->send_exit(h, caf::exit_reason::kill);
+                    helper->quit();
+                  });
+          return {[] {}};
+        });
+  }
+
+  // The result of a blocking start; false when it is no longer wanted.
+  bool started(const std::string& id, std::uint64_t attempt, caf::actor h) {
+    auto i = find(id);
+    if (done || i == children.size()) return false;
+    auto& c = children[i];
+    if (!c.starting || c.attempt != attempt) return false;
+    c.starting = false;
+    if (!h) {
+      if (c.starting_first)
+        escalate(c, make_error(sv_errc::child_start_failed, c.spec.id), sv_errc::child_start_failed);
+      else
+        child_exited(i, make_error(sv_errc::child_start_failed,
+                                   "supervisor '" + cfg.name + "': child '" + id + "' could not be started"));
+      return false;
+    }
+    self->monitor(h);
+    c.handle = std::move(h);
+    if (!c.starting_first) emit(supervisor_event_kind::child_restarted, c, c.starting_cause, c.starting_reason);
+    return true;
+  }
+
   void terminate(child_entry& c) {
+    c.starting = false;  // a start in flight is refused when it completes
     if (!c.handle) return;
     self->demonitor(c.handle);
     self->send_exit(c.handle, caf::exit_reason::kill);
@@ -227,7 +298,7 @@ struct supervisor_state {
     children = std::move(kept);
     for (std::size_t j = 0; j < children.size(); ++j) {
       if (!kept_again[j]) continue;
-      if (start(j, false))
+      if (start(j, false, cause, reason) && !children[j].starting)
         emit(supervisor_event_kind::child_restarted, children[j], cause, reason);
     }
   }
@@ -241,7 +312,7 @@ struct supervisor_state {
 caf::behavior supervisor_impl(supervisor_actor* self, supervisor_config cfg) {
   auto& st = self->state;
   st.self = self;
-  for (auto& spec : cfg.children) st.children.push_back(child_entry{std::move(spec), {}, 0, {}});
+  for (auto& spec : cfg.children) st.children.push_back(entry_of(std::move(spec)));
   cfg.children.clear();
   st.cfg = std::move(cfg);
   for (auto& l : st.cfg.listeners)
@@ -304,11 +375,14 @@ caf::behavior supervisor_impl(supervisor_actor* self, supervisor_config cfg) {
       [self](sv_add_atom, child_spec& spec) -> caf::result<caf::actor> {
         auto& st = self->state;
         if (st.done) return make_error(sv_errc::invalid_config, "supervisor is stopping");
+        if (spec.start_may_block)
+          return make_error(sv_errc::invalid_config, "supervisor '" + st.cfg.name + "': child '" + spec.id +
+                                                         "' has a start that may block: add it in the config");
         if (spec.id.empty() || !spec.start || st.find(spec.id) < st.children.size())
           return make_error(sv_errc::invalid_config,
                             "supervisor '" + st.cfg.name + "': child id '" + spec.id +
                                 "' is empty, duplicate or has no factory");
-        st.children.push_back(child_entry{std::move(spec), {}, 0, {}});
+        st.children.push_back(entry_of(std::move(spec)));
         if (!st.start(st.children.size() - 1, true)) {
           auto id = st.children.back().spec.id;
           st.children.pop_back();
@@ -336,6 +410,9 @@ caf::behavior supervisor_impl(supervisor_actor* self, supervisor_config cfg) {
         if (!c.handle || c.handle != incarnation) return;  // already replaced or gone
         st.terminate(c);
         st.child_exited(i, std::move(reason));
+      },
+      [self](sv_started_atom, const std::string& id, std::uint64_t attempt, caf::actor& h) {
+        return self->state.started(id, attempt, std::move(h));
       },
       [self](sv_retry_atom, const std::string& id, std::uint64_t incarnation) {
         auto& st = self->state;

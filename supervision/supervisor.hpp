@@ -52,10 +52,26 @@
 // default is 1 in 5 s, HARDWARE.md). The message protocol is listed in
 // supervision/messages.hpp.
 //
+// - Starts that may block (child_spec::start_may_block): the factory runs on
+//   a detached helper actor's own thread, never on the supervisor's (a CAF
+//   scheduler thread that also carries heartbeats and compute messages).
+//   Until its result arrives the child is "starting": it has no handle
+//   (sv_children shows none), other children's exits and verdicts are
+//   handled as usual, and child_restarted is emitted only when the start
+//   succeeds. A failed restart counts as one more exit of that child (as
+//   above); a failed first start escalates with child_start_failed. A
+//   result that arrives after the child was terminated (a sibling's
+//   one_for_all restart, sv_stop, escalation) or after the supervisor died
+//   is refused and the helper kills the handle, so no orphan survives.
+//   Several children may be starting at once, so with rest_for_one or
+//   one_for_all their starts may complete out of spec order. sv_add refuses
+//   such children (add them in the config).
+//
 // Thread safety: the supervisor is an actor; talk to it by messages only.
-// Factories run inside the supervisor (one at a time, on its thread) and must
-// not block: spawn (locally or via a node daemon's spawn reply handled by the
-// child itself) and return. The supervisor_config is copied into the actor.
+// Factories run inside the supervisor (one at a time, on its thread) unless
+// start_may_block is set, and must then not block: spawn and return. A
+// blocking factory runs on its helper's thread and may run concurrently with
+// other children's blocking factories. The supervisor_config is copied into the actor.
 // Errors: spawn_supervisor() validates the config (unique non-empty ids,
 // factories set, period > 0) and returns the error instead of an actor.
 #pragma once
@@ -101,6 +117,11 @@ struct child_spec {
   std::string id;             ///< unique within one supervisor, non-empty
   child_factory start;        ///< required
   restart_type restart = restart_type::permanent;
+  /// The factory may block (e.g. it waits for a remote node daemon's spawn
+  /// reply, or ships weights first). The supervisor then runs it on a thread
+  /// of its own (a detached helper actor) and handles its result as a
+  /// message, staying responsive meanwhile; see "Starts that may block" above.
+  bool start_may_block = false;
 };
 
 /// At most `max_restarts` restart decisions within any `period`.
