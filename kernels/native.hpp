@@ -77,7 +77,10 @@ void matvec_f32_rows(float* out, const float* W, const float* x, int r0, int r1,
                      int ld);
 /// exact precision; W as backend::matvec_q8.
 void matvec_q8_rows(float* out, const q8_block* W, const float* x, int r0, int r1, int cols);
-/// Same with q4_0 weights: rows of q8_blocks_per_row(cols) q4 blocks.
+/// Same with q4_0 weights: rows of q8_blocks_per_row(cols) q4 blocks. At
+/// the avx512 levels each call first copies x into the kernel's column
+/// order (cols floats, a thread-local buffer; docs/kernels.md "q4 order"):
+/// matvec_q4 does that once per matrix, so prefer it for whole matrices.
 void matvec_q4_rows(float* out, const q4_block* W, const float* x, int r0, int r1, int cols);
 /// ggml precision: xq = x quantized by quantize_activations_q8.
 void matvec_q8_q8_rows(float* out, const q8_block* W, const q8_block* xq, int r0, int r1,
