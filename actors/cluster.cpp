@@ -421,7 +421,7 @@ std::vector<fault_record> cluster::faults() const {
         .receive([](bool) {}, [](caf::error&) {});
   }
   std::lock_guard<std::mutex> lock(impl_->rt->mu);
-  return impl_->rt->faults;
+  return impl_->rt->faults.records();
 }
 
 std::vector<suspicion_info> cluster::suspicions() const {

@@ -49,12 +49,6 @@ int index_of_child(const std::string& child) {
   return parse_uint<int>(std::string_view(child).substr(6)).value_or(-1);  // base/parse.hpp
 }
 
-/// Fault kinds whose effect is a restart decision (the others only slow,
-/// drop or corrupt messages and are recovered without one).
-bool restarts_shard(const std::string& kind) {
-  return kind == "crash" || kind == "silence" || kind == "partition";
-}
-
 /// A fault plan's kind and effect are in fault_report; its CLI form lets the
 /// front end's injector learn that a copy of it fired inside a daemon.
 void mark_fired(runtime_shared& rt, const std::string& spec) {
@@ -68,31 +62,9 @@ void mark_fired(runtime_shared& rt, const std::string& spec) {
 int stage_of(const runtime_shared& rt, int index) { return rt.plan.shards[index].stage; }
 
 /// Records the decision to restart placement index `index` (rt.mu held).
-void decide_locked(runtime_shared& rt, int index, const std::string& external_kind, int64_t at_ns) {
-  // 1. An injected fault that fired and is waiting for its decision.
-  for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
-    auto& r = rt.faults[k];
-    if (r.index == index && r.decided_ns == 0 && restarts_shard(r.kind)) {
-      r.decided_ns = at_ns;
-      if (r.fired_ns) r.detect_ms = (at_ns - r.fired_ns) / 1e6;
-      return;
-    }
-  }
-  // 2. Already decided (e.g. the coordinator suspected the node, then the
-  //    supervisor's restart arrives here): one failure, one record.
-  for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
-    const auto& r = rt.faults[k];
-    if (r.index == index && r.decided_ns != 0 && r.recovered_ns == 0 && at_ns - r.decided_ns < 10'000'000'000LL)
-      return;
-  }
-  // 3. A failure the runtime only observed.
-  fault_record r;
-  r.kind = external_kind;
-  r.index = index;
-  r.node = index < static_cast<int>(rt.node_of.size()) ? rt.node_of[index] : -1;
-  r.step = -1;
-  r.decided_ns = at_ns;
-  rt.faults.push_back(r);
+void decide_locked(runtime_shared& rt, int index, const std::string& observed_kind, int64_t at_ns) {
+  const int node = index >= 0 && index < static_cast<int>(rt.node_of.size()) ? rt.node_of[index] : -1;
+  rt.faults.decided(index, node, observed_kind, at_ns);
 }
 
 /// Restarts are announced in batches. A new incarnation enters the wiring
@@ -309,45 +281,12 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
         auto& rt = *self->state.rt;
         std::lock_guard<std::mutex> lock(rt.mu);
         mark_fired(rt, f.spec);
-        // A slow plan fires at every step it covers: one record for it.
-        if (f.kind == "slow")
-          for (const auto& r : rt.faults)
-            if (r.kind == "slow" && r.index == f.index && r.step == f.step) return;
-        // The supervisor may have decided before this report arrived (a
-        // crash's down_msg and this report travel apart): complete that record.
-        if (restarts_shard(f.kind))
-          for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
-            auto& r = rt.faults[k];
-            if (r.index == f.index && r.fired_ns == 0 && r.decided_ns >= f.at_ns) {
-              r.kind = f.kind;
-              r.step = f.step;
-              r.node = f.node;
-              r.fired_ns = f.at_ns;
-              r.detect_ms = (r.decided_ns - f.at_ns) / 1e6;
-              return;
-            }
-          }
-        fault_record r;
-        r.kind = f.kind;
-        r.index = f.index;
-        r.node = f.node;
-        r.step = f.step;
-        r.fired_ns = f.at_ns;
-        rt.faults.push_back(r);
+        rt.faults.fired(f.kind, f.index, f.node, f.step, f.at_ns);
       },
       [=](recovered_atom, int32_t index, int32_t replayed, int64_t at) {
         auto& rt = *self->state.rt;
         std::lock_guard<std::mutex> lock(rt.mu);
-        for (int k = static_cast<int>(rt.faults.size()) - 1; k >= 0; --k) {
-          auto& r = rt.faults[k];
-          if (r.index == index && r.decided_ns != 0 && r.recover_ms < 0) {
-            r.recover_ms = (at - r.decided_ns) / 1e6;
-            r.recovered_ns = at;
-            r.replayed_positions = replayed;
-            r.moved_to_node = rt.node_of[index];
-            break;
-          }
-        }
+        rt.faults.recovered(index, replayed, at, rt.node_of[index]);
       },
       // Heartbeats of a node stopped: probe it before anything else.
       [=](supervision::hb_suspect_atom, supervision::suspect_event& e) {

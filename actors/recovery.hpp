@@ -33,6 +33,7 @@
 
 #include "actors/host.hpp"
 #include "actors/messages.hpp"
+#include "actors/fault_ledger.hpp"
 #include "supervision/fault_plan.hpp"
 #include "supervision/phi_accrual.hpp"
 #include "supervision/suspicion.hpp"
@@ -50,37 +51,6 @@
 #include <vector>
 
 namespace cellshard::actors {
-
-/// What one fault did, end to end (CLI.md `faults` of `run --json`).
-///
-/// Injected faults (--fault) are reported by the shard when they fire, so
-/// detect_ms is known. A failure the runtime only observes -- a node daemon
-/// killed or its connection lost ("node-down": the shard's proxy went down),
-/// a daemon frozen ("node-silent": its heartbeats stopped, phi accrual), a
-/// daemon stopped on purpose ("node-stopped": SIGTERM, its shards ended
-/// with user_shutdown), any other exit of a shard ("exit") --
-/// gets a record at the decision with fired_ns = 0 and detect_ms = -1: only
-/// whoever caused it knows when it happened, and can compute
-/// decided_ns - (its own steady_clock time of the kill). The *_ns fields are
-/// std::chrono::steady_clock::now().time_since_epoch() in ns, which is
-/// CLOCK_MONOTONIC on Linux, so they compare across processes of one host.
-struct fault_record {
-  std::string kind;          // a fault_kind name, or node-down / node-silent / node-stopped / exit
-  int index = -1;            // placement index
-  int node = -1;
-  int64_t step = 0;          // position at which it fired (external: the session's position when detected, or -1)
-  double detect_ms = -1;     // fault fired -> supervisor decision (-1: not detected, or not known)
-  double recover_ms = -1;    // decision -> next token delivered (-1: not recovered)
-  int replayed_positions = 0;
-  int moved_to_node = -1;    // where the shard runs after recovery
-  int64_t fired_ns = 0;      // when it fired (0: unknown, external)
-  int64_t decided_ns = 0;    // when the runtime decided to restart or move the shard (0: not yet)
-  int64_t recovered_ns = 0;  // when the next token was delivered after the recovery (0: not yet)
-  /// Of recover_ms, the time the new node took to get and load the slice
-  /// (issue #17: shipped, from its cache or its files; remote hosts only,
-  /// filled by the run report from cluster::weight_loads(); -1: unknown).
-  double reload_ms = -1;
-};
 
 struct recovery_options {
   int checkpoint_every = 16;
@@ -121,7 +91,7 @@ struct runtime_shared {
   caf::actor heartbeat_monitor;
   caf::actor coordinator;
   std::string last_error;               // why the last factory call failed
-  std::vector<fault_record> faults;
+  fault_ledger faults;                  // what every fault did (actors/fault_ledger.hpp)
   std::vector<suspicion_info> suspicions;  // cleared suspicions (the coordinator's table)
   bool failed = false;
   std::string failure;
