@@ -177,6 +177,10 @@ struct peers_cluster_bench_options {
   /// (CELLSHARD_CAF_IDLE: poll or wake, actors/tls.hpp); one daemon set and
   /// one contender per topology each.
   std::vector<std::string> idle = {"poll"};
+  /// Where the daemons' tensor partial sums go (CELLSHARD_DATA_PLANE: socket,
+  /// the data plane of actors/data_plane.hpp, or caf); one daemon set and one
+  /// contender per topology for every (idle, data) pair.
+  std::vector<std::string> data = {"socket"};
 };
 
 int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<bench_row>& rows);

@@ -484,22 +484,36 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
       // One set of daemons per idle-worker policy (CELLSHARD_CAF_IDLE, read
       // by actors::configure_network in every daemon and front end); the
       // idle set waits on its condition variables while the other runs.
+      // The same per data path (CELLSHARD_DATA_PLANE): one set per pair.
+      struct variant {
+        std::string idle, data, tag;
+      };
+      std::vector<variant> vs;
+      for (const auto& idle : o.idle)
+        for (const auto& data : o.data) {
+          std::string tag;
+          if (o.idle.size() > 1) tag += " " + idle;
+          if (o.data.size() > 1) tag += " " + data;
+          vs.push_back({idle, data, tag});
+        }
       std::vector<std::unique_ptr<actors::local_daemons>> sets;
       std::vector<std::string> cfiles;
-      for (const auto& idle : o.idle) {
+      for (const auto& v : vs) {
         actors::local_daemon_options dopt;
         dopt.models_dir = mdir;
         dopt.extra_args = {"--threads", "1", "--blas-threads", "1", "-q"};
-        dopt.log_dir = dir + "/daemons-" + std::to_string(n) + "-" + idle;
+        dopt.log_dir = dir + "/daemons-" + std::to_string(n) + "-" + v.idle + "-" + v.data;
         std::system(("mkdir -p " + quote(dopt.log_dir)).c_str());
-        ::setenv("CELLSHARD_CAF_IDLE", idle.c_str(), 1);  // no threads run here: the children inherit it
+        ::setenv("CELLSHARD_CAF_IDLE", v.idle.c_str(), 1);  // no threads run here: the children inherit it
+        ::setenv("CELLSHARD_DATA_PLANE", v.data.c_str(), 1);
         auto daemons = actors::local_daemons::start(n, 0, dopt);
         ::unsetenv("CELLSHARD_CAF_IDLE");
+        ::unsetenv("CELLSHARD_DATA_PLANE");
         if (!daemons) {
           fail("cellshard daemons: " + daemons.message());
           break;
         }
-        const std::string cfile = dir + "/cluster-" + std::to_string(n) + "-" + idle + ".json";
+        const std::string cfile = dir + "/cluster-" + std::to_string(n) + "-" + v.idle + "-" + v.data + ".json";
         if (auto w = (*daemons)->write_cluster_file(cfile); !w) {
           fail(w.message());
           break;
@@ -515,14 +529,14 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         bool ok = true;
       };
       std::vector<contender> cs = {{"distributed-llama", dcmd, true, {}}};
-      for (size_t k = 0; k < o.idle.size(); ++k) {
-        const std::string ccmd = "CELLSHARD_CAF_IDLE=" + o.idle[k] + " OPENBLAS_NUM_THREADS=1 " + quote(self) +
+      for (size_t k = 0; k < vs.size(); ++k) {
+        const std::string ccmd = "CELLSHARD_CAF_IDLE=" + vs[k].idle + " OPENBLAS_NUM_THREADS=1 " + quote(self) +
                                  " run -q -m " + quote(model) + " -z " + quote(mtok) + " --cluster " +
                                  quote(cfiles[k]) + " -t 0 -n " + std::to_string(o.steps) +
                                  " --kernels native --threads 1" +
                                  (o.reduce.empty() ? "" : " --reduce " + quote(o.reduce)) + " --json " +
                                  quote(dir + "/run.json");
-        const std::string tag = o.idle.size() > 1 ? " " + o.idle[k] : "";
+        const std::string& tag = vs[k].tag;
         if (n == 1) cs.push_back({"cellshard" + tag, ccmd, false, {}});
         else {
           cs.push_back({"cellshard tensor" + tag, ccmd + " --topology tensor", false, {}});
@@ -595,10 +609,14 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         bench_row row;
         row.name = std::string("peers_cluster_") + (n == 1 ? "1" : tensor ? "tensor" + std::to_string(n)
                                                                           : "pipeline" + std::to_string(n));
-        for (const auto& idle : o.idle)
-          if (o.idle.size() > 1 && c.name.size() > idle.size() &&
-              c.name.compare(c.name.size() - idle.size(), idle.size(), idle) == 0)
-            row.name += "_" + idle;
+        for (const auto& v : vs)  // the variant's tag ends the contender's name
+          if (!v.tag.empty() && c.name.size() > v.tag.size() &&
+              c.name.compare(c.name.size() - v.tag.size(), v.tag.size(), v.tag) == 0) {
+            std::string t = v.tag.substr(1);
+            std::replace(t.begin(), t.end(), ' ', '_');
+            row.name += "_" + t;
+            break;
+          }
         row.params = {{"processes", std::to_string(n)},
                       {"steps", std::to_string(o.steps)},
                       {"rounds", std::to_string(c.s.size())},
