@@ -81,24 +81,37 @@ caf::actor await(std::promise<caf::actor>& p) {
   return f.get();
 }
 
-}  // namespace
-
-TEST_CASE("a restart that blocks leaves the supervisor answering, and its result restarts the child",
-          "[supervisor][blocking]") {
+// One actor system, a listener/test actor, and a gated factory.
+struct blocking_fixture {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   std::promise<void> open;
   gated_factory f;
-  f.gate = open.get_future().share();
+
+  blocking_fixture() { f.gate = open.get_future().share(); }
+
+  caf::actor start() {
+    auto sup = spawn_supervisor(sys, one_child(f, self));
+    REQUIRE(sup);
+    return *sup;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a restart that blocks leaves the supervisor answering, and its result restarts the child",
+          "[supervisor][blocking]") {
+  blocking_fixture fx;
+  auto& self = fx.self;
+  auto& f = fx.f;
   f.gated = {1};
-  auto sup = spawn_supervisor(sys, one_child(f, self));
-  REQUIRE(sup);
+  auto sup = fx.start();
   auto first = await((*f.spawned)[0]);
   // The first start completed through sv_started: the child is listed.
   bool listed = false;
   for (int k = 0; k < 50 && !listed; ++k) {  // bounded: the result is one message away
-    auto kids = children_of(self, *sup);
+    auto kids = children_of(self, sup);
     REQUIRE(kids.size() == 1);
     listed = kids[0].handle == first;
   }
@@ -107,9 +120,9 @@ TEST_CASE("a restart that blocks leaves the supervisor answering, and its result
   // The factory of incarnation 1 is now blocked on the gate; the supervisor
   // still answers, and lists the child without a handle (starting).
   bool starting = false;
-  for (int k = 0; k < 50 && !starting; ++k) starting = !children_of(self, *sup)[0].handle;
+  for (int k = 0; k < 50 && !starting; ++k) starting = !children_of(self, sup)[0].handle;
   REQUIRE(starting);
-  open.set_value();
+  fx.open.set_value();
   supervisor_event ev;
   bool restarted = false;
   self->receive([&](sv_event_atom, supervisor_event& e) {
@@ -126,18 +139,15 @@ TEST_CASE("a restart that blocks leaves the supervisor answering, and its result
   std::uint64_t inc = 99;
   self->request(ev.handle, 5s, get_atom::value).receive([&](std::uint64_t i) { inc = i; }, [](caf::error&) {});
   CHECK(inc == 1);
-  anon_send_exit(*sup, caf::exit_reason::user_shutdown);
+  anon_send_exit(sup, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a blocking first start that fails escalates with child_start_failed", "[supervisor][blocking]") {
-  caf::actor_system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
-  gated_factory f;
-  f.fail_first = true;
-  auto sup = spawn_supervisor(sys, one_child(f, self));
-  REQUIRE(sup);
-  self->monitor(*sup);
+  blocking_fixture fx;
+  auto& self = fx.self;
+  fx.f.fail_first = true;
+  auto sup = fx.start();
+  self->monitor(sup);
   caf::error reason;
   bool down = false, escalated = false;
   for (int k = 0; k < 2; ++k)
@@ -154,21 +164,17 @@ TEST_CASE("a blocking first start that fails escalates with child_start_failed",
 
 TEST_CASE("a blocking start that completes after sv_stop is refused and its actor killed",
           "[supervisor][blocking]") {
-  caf::actor_system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
-  std::promise<void> open;
-  gated_factory f;
-  f.gate = open.get_future().share();
+  blocking_fixture fx;
+  auto& self = fx.self;
+  auto& f = fx.f;
   f.gated = {0};
-  auto sup = spawn_supervisor(sys, one_child(f, self));
-  REQUIRE(sup);
-  self->monitor(*sup);
-  self->send(*sup, sv_stop_atom::value);
+  auto sup = fx.start();
+  self->monitor(sup);
+  self->send(sup, sv_stop_atom::value);
   bool stopped = false;
   self->receive([&](caf::down_msg&) { stopped = true; }, caf::after(20s) >> [] {});
   REQUIRE(stopped);
-  open.set_value();  // the factory spawns now, for a supervisor that is gone
+  fx.open.set_value();  // the factory spawns now, for a supervisor that is gone
   auto orphan = await((*f.spawned)[0]);
   self->monitor(orphan);
   caf::error reason;
