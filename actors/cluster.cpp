@@ -103,6 +103,11 @@ struct cluster::impl {
   std::atomic<uint64_t> next_id{1};
   bool stopped = false;
   std::function<double(int)> transfer_estimate;  // ms on the critical path's links for n positions
+  fault_snapshot last_faults;  // under mu: the coordinator's last answer
+
+  /// The coordinator's fault records and cleared suspicions (last known
+  /// after shutdown). Any thread.
+  fault_snapshot fault_state();
 };
 
 namespace {
@@ -412,22 +417,33 @@ std::vector<weight_load> cluster::weight_loads() const { return impl_->host->wei
 
 const topologies::placement& cluster::placement() const { return impl_->plan; }
 
-std::vector<fault_record> cluster::faults() const {
-  // Let the coordinator handle the reports already sent to it (in process a
-  // mailbox keeps causal order: a session's report precedes its on_done).
+fault_snapshot cluster::impl::fault_state() {
+  // The coordinator owns the records. Its answer also follows every report
+  // already sent to it (in process a mailbox keeps causal order: a
+  // session's report precedes its on_done). After shutdown, or if it does
+  // not answer, the last snapshot taken stands.
+  caf::actor coord;
   {
-    caf::scoped_actor self{*impl_->sys};
-    self->request(impl_->rt->coordinator, std::chrono::seconds(5), fault_atom::value)
-        .receive([](bool) {}, [](caf::error&) {});
+    std::lock_guard<std::mutex> lock(rt->mu);
+    coord = rt->coordinator;
   }
-  std::lock_guard<std::mutex> lock(impl_->rt->mu);
-  return impl_->rt->faults.records();
+  if (coord && sys) {
+    caf::scoped_actor self{*sys};
+    self->request(coord, std::chrono::seconds(5), fault_atom::value)
+        .receive(
+            [&](fault_snapshot& s) {
+              std::lock_guard<std::mutex> lock(mu);
+              last_faults = std::move(s);
+            },
+            [](caf::error&) {});
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  return last_faults;
 }
 
-std::vector<suspicion_info> cluster::suspicions() const {
-  std::lock_guard<std::mutex> lock(impl_->rt->mu);
-  return impl_->rt->suspicions;
-}
+std::vector<fault_record> cluster::faults() const { return impl_->fault_state().faults; }
+
+std::vector<suspicion_info> cluster::suspicions() const { return impl_->fault_state().suspicions; }
 
 result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chrono::milliseconds deadline) {
   std::vector<link_measurement> out;
@@ -520,6 +536,7 @@ void cluster::shutdown() {
   }
   for (auto& kv : sessions) caf::anon_send(kv.second, cancel_atom::value);
   sessions.clear();
+  impl_->fault_state();  // kept for faults() and suspicions() after shutdown
   stop_runtime(*impl_->rt, impl_->supervisor);
   impl_->host->shutdown(*impl_->sys);
   // Release every handle before the actor system goes: a handle (above all

@@ -25,6 +25,9 @@ using join_atom = caf::atom_constant<caf::atom("cs_join")>;
 using leave_atom = caf::atom_constant<caf::atom("cs_leave")>;
 using recovered_atom = caf::atom_constant<caf::atom("cs_recov")>;
 using reprobe_atom = caf::atom_constant<caf::atom("cs_reprobe")>;
+/// (decided, int32 index, int32 node, std::string observed kind, int64 at_ns):
+/// a factory decided to restart or move a shard (coordinator's fault ledger).
+using decided_atom = caf::atom_constant<caf::atom("cs_decide")>;
 
 int64_t now_ns() { return clock_type::now().time_since_epoch().count(); }
 
@@ -39,6 +42,9 @@ struct coordinator_state {
   // Suspicion is not death: probe rounds before any restart (issue #20).
   supervision::suspicion_table suspicions;
   std::map<int, double> suspect_phi;  // phi at the detector's verdict, for the error text
+  // Owned here, answered to (fault_atom) as a fault_snapshot.
+  fault_ledger faults;
+  std::vector<suspicion_info> cleared;  // suspicions that a probe or a heartbeat cleared
   static inline const char* name = "cellshard.coordinator";
 };
 
@@ -61,10 +67,9 @@ void mark_fired(runtime_shared& rt, const std::string& spec) {
 /// call with rt.mu held.
 int stage_of(const runtime_shared& rt, int index) { return rt.plan.shards[index].stage; }
 
-/// Records the decision to restart placement index `index` (rt.mu held).
-void decide_locked(runtime_shared& rt, int index, const std::string& observed_kind, int64_t at_ns) {
-  const int node = index >= 0 && index < static_cast<int>(rt.node_of.size()) ? rt.node_of[index] : -1;
-  rt.faults.decided(index, node, observed_kind, at_ns);
+/// The node placement index `index` runs on (rt.mu held), -1 if none.
+int node_of_locked(const runtime_shared& rt, int index) {
+  return index >= 0 && index < static_cast<int>(rt.node_of.size()) ? rt.node_of[index] : -1;
 }
 
 /// Restarts are announced in batches. A new incarnation enters the wiring
@@ -170,7 +175,7 @@ void declare_silent(coordinator_actor* self, int node, double phi) {
     const int64_t now = now_ns();
     for (size_t i = 0; i < rt.node_of.size(); ++i)
       if (rt.node_of[i] == node) {
-        decide_locked(rt, static_cast<int>(i), "node-silent", now);
+        self->state.faults.decided(static_cast<int>(i), node, "node-silent", now);
         const int s = stage_of(rt, static_cast<int>(i));
         caf::actor sup = s < static_cast<int>(rt.stage_supervisors.size()) ? rt.stage_supervisors[s] : caf::actor{};
         victims.emplace_back(sup, "shard-" + std::to_string(i), rt.actor_of[i]);
@@ -194,13 +199,13 @@ void publish_suspicions(coordinator_actor* self) {
   auto& st = self->state;
   std::lock_guard<std::mutex> lock(st.rt->mu);
   const auto& recs = st.suspicions.cleared();
-  for (size_t k = st.rt->suspicions.size(); k < recs.size(); ++k) {
+  for (size_t k = st.cleared.size(); k < recs.size(); ++k) {
     suspicion_info s;
     s.node = static_cast<int>(recs[k].peer);
     s.at_ns = recs[k].at.time_since_epoch().count();
     s.cleared_after_ms = recs[k].cleared_after_ms;
     s.cleared_by = recs[k].cleared_by;
-    st.rt->suspicions.push_back(std::move(s));
+    st.cleared.push_back(std::move(s));
   }
 }
 
@@ -275,18 +280,19 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<runtime_share
   return {
       [=](join_atom, caf::actor s) { self->state.sessions.insert(s); },
       // Synchronisation point: answered after every message sent before it.
-      [=](fault_atom) { return true; },
+      [=](fault_atom) { return fault_snapshot{self->state.faults.records(), self->state.cleared}; },
+      [=](decided_atom, int32_t index, int32_t node, const std::string& kind, int64_t at) {
+        self->state.faults.decided(index, node, kind, at);
+      },
       [=](leave_atom, caf::actor s) { self->state.sessions.erase(s); },
       [=](fault_report& f) {
-        auto& rt = *self->state.rt;
-        std::lock_guard<std::mutex> lock(rt.mu);
-        mark_fired(rt, f.spec);
-        rt.faults.fired(f.kind, f.index, f.node, f.step, f.at_ns);
+        mark_fired(*self->state.rt, f.spec);  // opts.faults: set before start, thread-safe
+        self->state.faults.fired(f.kind, f.index, f.node, f.step, f.at_ns);
       },
       [=](recovered_atom, int32_t index, int32_t replayed, int64_t at) {
         auto& rt = *self->state.rt;
         std::lock_guard<std::mutex> lock(rt.mu);
-        rt.faults.recovered(index, replayed, at, rt.node_of[index]);
+        self->state.faults.recovered(index, replayed, at, rt.node_of[index]);
       },
       // Heartbeats of a node stopped: probe it before anything else.
       [=](supervision::hb_suspect_atom, supervision::suspect_event& e) {
@@ -465,7 +471,12 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           // connection lost shows up as remote_link_unreachable.
           const bool link = ctx.last_reason == caf::exit_reason::remote_link_unreachable;
           const bool stopped = ctx.last_reason == caf::exit_reason::user_shutdown;
-          decide_locked(*rt, idx, link ? "node-down" : stopped ? "node-stopped" : "exit", now_ns());
+          // Recorded by the coordinator: this message is in its mailbox
+          // before the supervisor's child_restarted event (which follows
+          // this factory's return).
+          caf::anon_send(rt->coordinator, decided_atom::value, static_cast<int32_t>(idx),
+                         static_cast<int32_t>(node_of_locked(*rt, idx)),
+                         std::string(link ? "node-down" : stopped ? "node-stopped" : "exit"), now_ns());
           // The connection to its node is gone: do not wait on it again
           // (the owner's monitor may not have flagged it yet).
           if (link) rt->unhealthy.insert(rt->node_of[idx]);

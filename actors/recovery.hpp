@@ -40,6 +40,7 @@
 #include "topologies/placement.hpp"
 
 #include <caf/actor.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/actor_system.hpp>
 
 #include <chrono>
@@ -72,6 +73,15 @@ struct suspicion_info {
   std::string cleared_by;       // direct | indirect | heartbeat
 };
 
+/// The coordinator's answer to (fault_atom): what every fault did so far and
+/// the suspicions that were cleared. The coordinator owns both (no lock):
+/// shards report faults, factories and the coordinator record decisions,
+/// sessions report recoveries, all as messages to it. In process only.
+struct fault_snapshot {
+  std::vector<fault_record> faults;
+  std::vector<suspicion_info> suspicions;
+};
+
 /// State shared by the cluster, the coordinator and the shard factories.
 struct runtime_shared {
   std::mutex mu;
@@ -91,8 +101,6 @@ struct runtime_shared {
   caf::actor heartbeat_monitor;
   caf::actor coordinator;
   std::string last_error;               // why the last factory call failed
-  fault_ledger faults;                  // what every fault did (actors/fault_ledger.hpp)
-  std::vector<suspicion_info> suspicions;  // cleared suspicions (the coordinator's table)
   bool failed = false;
   std::string failure;
 };
@@ -114,3 +122,5 @@ wiring wiring_of(const runtime_shared& rt, int index);
 void send_wiring(const runtime_shared& rt, int stage);
 
 }  // namespace cellshard::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::fault_snapshot)
