@@ -108,6 +108,7 @@ struct cluster::impl {
   /// The coordinator's fault records and cleared suspicions (last known
   /// after shutdown). Any thread.
   fault_snapshot fault_state();
+  std::vector<skipped_node> skipped;             // nodes left out (shard_host::drop_unfit)
 };
 
 namespace {
@@ -240,12 +241,16 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   im->plan = std::move(*plan);
   // A fault for a placement index the placement does not have would never
   // fire: say so instead of reporting a clean run.
-  for (const auto& f : opts.faults)
-    if (f.node >= im->plan.shards.size())
-      return make_error("fault '" + supervision::to_string(f) + "': placement index " + std::to_string(f.node) +
-                        " holds no shard (this placement has indices 0.." +
-                        std::to_string(im->plan.shards.size() - 1) + "; spares hold none until a shard moves "
-                        "there, and a fault follows its placement index, not the node; see --print-placement)");
+  auto check_faults = [&]() -> result<void> {
+    for (const auto& f : opts.faults)
+      if (f.node >= im->plan.shards.size())
+        return make_error("fault '" + supervision::to_string(f) + "': placement index " + std::to_string(f.node) +
+                          " holds no shard (this placement has indices 0.." +
+                          std::to_string(im->plan.shards.size() - 1) + "; spares hold none until a shard moves "
+                          "there, and a fault follows its placement index, not the node; see --print-placement)");
+    return {};
+  };
+  if (auto ok = check_faults(); !ok) return ok.err();
 
   kernels::set_blas_threads(opts.blas_threads);
   register_messages(im->cfg);
@@ -258,6 +263,22 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   im->sys = std::make_unique<caf::actor_system>(im->cfg);
   auto conn = im->host->connect(*im->sys, *im->file, *im->tok);
   if (!conn) return conn.err();
+  // Issue #17: a node that cannot hold what the placement gives it says so
+  // and is left out; the model is placed again over the others (each round
+  // leaves out at least one node, so this ends).
+  for (size_t round = 0; round <= im->host->nodes().size(); ++round) {
+    auto skipped = im->host->drop_unfit(*im->sys, im->plan);
+    if (skipped.empty()) break;
+    im->skipped.insert(im->skipped.end(), skipped.begin(), skipped.end());
+    auto again = topologies::place(mc, im->host->nodes(), *strat, po);
+    if (!again) {
+      std::string why;
+      for (const auto& k : im->skipped) why += "; " + k.who + " not used: " + k.why;
+      return make_error(again.message() + why);
+    }
+    im->plan = std::move(*again);
+    if (auto ok = check_faults(); !ok) return ok.err();
+  }
 
   // The supervision tree spawns the shards (through the host) and wires them.
   auto rt = std::make_shared<runtime_shared>();
@@ -414,6 +435,7 @@ std::vector<std::optional<shard_stats>> cluster::shard_statistics(std::chrono::m
 
 std::vector<uint64_t> cluster::node_memory() const { return impl_->host->node_memory(); }
 std::vector<weight_load> cluster::weight_loads() const { return impl_->host->weight_loads(); }
+const std::vector<skipped_node>& cluster::skipped_nodes() const { return impl_->skipped; }
 
 const topologies::placement& cluster::placement() const { return impl_->plan; }
 

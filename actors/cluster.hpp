@@ -131,6 +131,9 @@ public:
   std::vector<uint64_t> node_memory() const;
   /// How each spawned shard's weights reached its node (shard_host::weight_loads).
   std::vector<weight_load> weight_loads() const;
+  /// Nodes left out because they could not hold what the placement gave
+  /// them (shard_host::drop_unfit), in the order they were found.
+  const std::vector<skipped_node>& skipped_nodes() const;
 
   const topologies::placement& placement() const;
   /// Every fault that fired so far, with detection and recovery times.

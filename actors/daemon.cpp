@@ -52,6 +52,8 @@ struct pending_slice {
   uint64_t received = 0;   // bytes of good chunks
   int last_decile = 0;
   clk::time_point started;  // the first spawn's arrival (reload time includes shipping)
+  clk::time_point asked;    // the "need" answer
+  clk::time_point done;     // the last chunk stored
   bool complete() const { return received == bytes.size(); }
 };
 
@@ -349,6 +351,7 @@ caf::result<shard_spawned> acquire_and_spawn(daemon_actor* self, shard_spawn& s)
     shard_spawned info;
     info.source = "shipped";
     info.shipped_bytes = p.received;
+    info.ship_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(p.done - p.asked).count();
     auto ok = model::verify_slice(p.m, p.bytes.data(), p.bytes.size(), "the slice shipped by the front end");
     if (!ok) {  // every chunk passed its digest, the whole did not: ship it all again
       info.error = who(s) + ": " + ok.message();
@@ -370,6 +373,7 @@ caf::result<shard_spawned> acquire_and_spawn(daemon_actor* self, shard_spawn& s)
     p.bytes.resize(m->bytes());
     p.have.assign((m->bytes() + st.opts.chunk_bytes - 1) / st.opts.chunk_bytes, false);
     p.started = arrived;
+    p.asked = clk::now();
     st.pending.emplace(key, std::move(p));
     log(self, who(s) + ": slice " + m->key() + " of " + m->model_name + " not here; " + std::to_string(m->bytes()) +
                   " bytes to be shipped by the front end");
@@ -378,11 +382,19 @@ caf::result<shard_spawned> acquire_and_spawn(daemon_actor* self, shard_spawn& s)
   return out;
 }
 
-/// A chunk of a pending slice (pushed by the front end's remote_host::spawn).
-void take_chunk(daemon_actor* self, const slice_fetch& h, const slice_chunk& c) {
+/// A chunk of a pending slice (shipped by the front end's weight server,
+/// actors/weight_server.hpp); the acknowledgement goes back to the sender.
+slice_ack take_chunk(daemon_actor* self, const slice_fetch& h, const slice_chunk& c) {
   auto& st = self->state;
+  slice_ack ack;
+  ack.key = h.key;
+  ack.offset = h.offset;
   auto it = st.pending.find(h.key);
-  if (it == st.pending.end()) return;  // not asked for (or done)
+  if (it == st.pending.end()) {  // not asked for (or done)
+    ack.status = 2;
+    ack.error = "no spawn here waits for slice " + model::format_digest(h.key);
+    return ack;
+  }
   auto& p = it->second;
   const uint64_t cb = st.opts.chunk_bytes;
   const uint64_t total = p.bytes.size();
@@ -393,14 +405,17 @@ void take_chunk(daemon_actor* self, const slice_fetch& h, const slice_chunk& c) 
   if (!good) {
     log(self, "the chunk at byte " + std::to_string(h.offset) + " of slice " + p.m.key() + " failed its check (size " +
                   std::to_string(c.bytes.size()) + " of " + std::to_string(len) +
-                  ", or its XXH3 digest); fetching it again" + (c.error.empty() ? "" : ": " + c.error));
-    return;
+                  ", or its XXH3 digest); shipping it again" + (c.error.empty() ? "" : ": " + c.error));
+    ack.status = 1;
+    ack.error = c.error;
+    return ack;
   }
   const size_t i = h.offset / cb;
-  if (p.have[i]) return;
+  if (p.have[i]) return ack;
   std::memcpy(p.bytes.data() + h.offset, c.bytes.data(), len);
   p.have[i] = true;
   p.received += len;
+  if (p.complete()) p.done = clk::now();
   st.shipped_bytes += len;
   const int decile = static_cast<int>(p.received * 10 / total);
   if (decile > p.last_decile && p.received < total) {
@@ -408,6 +423,44 @@ void take_chunk(daemon_actor* self, const slice_fetch& h, const slice_chunk& c) 
     log(self, "slice " + p.m.key() + ": shipping " + std::to_string(decile * 10) + "% (" + std::to_string(p.received) +
                   " of " + std::to_string(total) + " bytes)");
   }
+  return ack;
+}
+
+/// slice_room_ask: per slice, "" when this node can hold it, else why not.
+/// The memory check is the spawn's (budget against what is in use), with the
+/// placement's need; the cache check applies only to a slice that would be
+/// shipped (not loaded here, not in --cache, no --models copy of the file).
+slice_room room_for(daemon_actor* self, const slice_room_ask& a) {
+  auto& st = self->state;
+  auto& node = *st.node;
+  slice_room out;
+  bool have_copy = false;
+  if (!st.opts.models_dir.empty()) {
+    auto path = models_path(st, a.model_name, "model");
+    struct stat sb;
+    have_copy = path && ::stat(path->c_str(), &sb) == 0 && static_cast<uint64_t>(sb.st_size) == a.file_bytes;
+  }
+  auto loaded = [&](uint64_t key) {
+    for (const auto& kv : st.loaded)
+      if (kv.first.first == key && !kv.second.expired()) return true;
+    return false;
+  };
+  const uint64_t used = node.used_bytes.load();
+  const size_t n = std::min({a.keys.size(), a.bytes.size(), a.need.size()});
+  for (size_t i = 0; i < n; ++i) {
+    std::string why;
+    if (node.budget_bytes != 0 && used + a.need[i] > node.budget_bytes) {
+      why = "out of memory (" + node.profile + ", budget " + topologies::format_bytes(node.budget_bytes) +
+            "): the shard needs " + topologies::format_bytes(a.need[i]) + " (weights, KV cache and buffers), " +
+            topologies::format_bytes(used) + " already in use";
+    } else if (st.cache && !have_copy && !loaded(a.keys[i]) && !st.cache->holds(a.keys[i]) &&
+               !st.cache->fits(a.bytes[i])) {
+      why = "no room for the slice: it needs " + std::to_string(a.bytes[i]) + " bytes, --cache-max of " +
+            st.cache->dir() + " is " + std::to_string(st.cache->max_bytes());
+    }
+    out.verdicts.push_back(std::move(why));
+  }
+  return out;
 }
 
 /// Connecting to the other daemons of a cluster, one after another. CAF 0.17.6
@@ -612,7 +665,8 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         return job->rp;
       },
       [=](shard_spawn& s) -> caf::result<shard_spawned> { return acquire_and_spawn(self, s); },
-      [=](slice_fetch& h, slice_chunk& c) { take_chunk(self, h, c); },
+      [=](slice_fetch& h, slice_chunk& c) -> slice_ack { return take_chunk(self, h, c); },
+      [=](slice_room_ask& a) -> slice_room { return room_for(self, a); },
       [=](heartbeat_start& h) -> heartbeat_started {
         auto& st = self->state;
         heartbeat_started r;
@@ -654,7 +708,13 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         r.guard_rejected = guard_rejected_total();
         r.shipped_bytes = st.shipped_bytes;
         r.cache_hits = st.cache_hits;
-        r.cache_bytes = st.cache ? st.cache->used() : 0;
+        if (st.cache) {
+          const auto u = st.cache->usage();
+          r.cache_bytes = u.bytes;
+          r.cache_entries = u.entries;
+          r.cache_dir = st.cache->dir();
+          r.cache_max = st.cache->max_bytes();
+        }
         return r;
       },
   };

@@ -13,16 +13,20 @@
 //     loaded already, its --cache (verified; a corrupt file is dropped), its
 //     --models copy of the file (only the manifest's bytes are read, then
 //     verified: a difference refuses the spawn, "model differs"), else the
-//     front end: the daemon answers "need" and the front end pushes the
-//     chunks (slice_fetch + slice_chunk; each chunk's digest checked, a bad
-//     one dropped and shipped again in the next round; progress in the
-//     log), then asks again; the slice is verified whole and stored in
-//     --cache. Then it builds the shard's weights from the
+//     front end: the daemon answers "need" and the front end's weight
+//     server ships the chunks (slice_fetch + slice_chunk, a few in flight;
+//     the daemon answers each with a slice_ack: stored, or failed its
+//     digest and shipped again; progress in the log), then sends the spawn
+//     again; the slice is verified whole and stored in --cache. Then it
+//     builds the shard's weights from the
 //     slice alone (model::open_slice), checks them against the node's
 //     memory budget and spawns the shard locally (actors/shard.hpp); the
 //     reply carries the shard's handle, a proxy on the front end's side,
 //     and how the slice came (shard_spawned::source, shipped bytes, time);
-//   - stats_atom: a node_report (memory in use).
+//   - slice_room_ask: before any spawn, per slice, whether the node can
+//     hold it (memory budget; --cache-max for a slice it would be shipped),
+//     so that the front end leaves a node without room out of the placement;
+//   - stats_atom: a node_report (memory in use, the cache's figures).
 // The daemon monitors each front end's `owner` actor: when it goes down (or
 // its connection is lost: heartbeats, CAF-0.17.md §4), the shards spawned for
 // it are stopped and their memory released.

@@ -63,6 +63,16 @@ struct weight_load {
   uint64_t shipped_bytes = 0;
   uint64_t bytes_read = 0;
   double reload_ms = 0;
+  double ship_ms = 0;  // source "shipped": the transfer alone (shard_spawned::ship_ns)
+};
+
+/// A node left out of the placement (issue #17): it said it cannot hold
+/// what the placement gave it (its memory budget, or a --cache-max too small
+/// for a slice it would have to be shipped).
+struct skipped_node {
+  int node = -1;
+  std::string who;  // "node 2 (127.0.0.1:4243)"
+  std::string why;  // the node's reason, naming the bytes needed and available
 };
 
 class shard_host {
@@ -105,6 +115,16 @@ public:
   virtual bool reachable(int node) const {
     (void)node;
     return true;
+  }
+  /// After connect(), before any spawn: asks every node of `plan` whether it
+  /// can hold its shards (a spare: at least one shard of the plan) and
+  /// leaves every node that cannot out of nodes() from then on (no shard, no
+  /// spare, no heartbeats); returns those, in node order. The caller places
+  /// the model again over nodes(). Default (nodes in process): none.
+  virtual std::vector<skipped_node> drop_unfit(caf::actor_system& sys, const topologies::placement& plan) {
+    (void)sys;
+    (void)plan;
+    return {};
   }
   /// Called by cluster::shutdown after the shards were told to stop.
   virtual void shutdown(caf::actor_system&) {}

@@ -158,6 +158,9 @@ void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<shard_spawned>("cs_shard_spawned");
   cfg.add_message_type<slice_fetch>("cs_slice_fetch");
   cfg.add_message_type<slice_chunk>("cs_slice_chunk");
+  cfg.add_message_type<slice_ack>("cs_slice_ack");
+  cfg.add_message_type<slice_room_ask>("cs_slice_room_ask");
+  cfg.add_message_type<slice_room>("cs_slice_room");
   cfg.add_message_type<node_report>("cs_node_report");
   cfg.add_message_type<heartbeat_start>("cs_hb_start");
   cfg.add_message_type<heartbeat_started>("cs_hb_started");

@@ -407,7 +407,9 @@ void register_messages(caf::actor_system_config& cfg);
 // A front end (actors/remote.hpp) talks to each node daemon's published actor:
 //   node_join   -> node_joined      fingerprint check; the daemon learns its node index
 //   node_peers  -> node_peers_done  the daemon opens direct connections to other daemons
+//   slice_room_ask -> slice_room    before any spawn: can the node hold these slices?
 //   shard_spawn -> shard_spawned    the daemon loads the slice and spawns a shard
+//   slice_fetch + slice_chunk -> slice_ack  one shipped chunk of a slice, acknowledged
 //   stats_atom  -> node_report      memory in use on the node
 //   heartbeat_start -> heartbeat_started  the daemon heartbeats to the front end's
 //                                   monitor, so that a frozen daemon falls silent
@@ -415,7 +417,7 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 6;  // 2: fault plans in shard_spawn, daemon heartbeats;
+constexpr uint32_t node_protocol_version = 7;  // 2: fault plans in shard_spawn, daemon heartbeats;
                                                // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options;
                                                // 4: shard programs in wiring (issue #15);
                                                // 5: expert placement (issue #23): expert_req/expert_out,
@@ -425,6 +427,9 @@ constexpr uint32_t node_protocol_version = 6;  // 2: fault plans in shard_spawn,
                                                //    weight_server in shard_spawn, slice_fetch/slice_chunk,
                                                //    load figures in shard_spawned and node_report; the join
                                                //    no longer opens the model file
+                                               // 7: slice_room_ask/slice_room (a node without room is not
+                                               //    used), slice_ack (shipping with chunks in flight),
+                                               //    cache figures in node_report, ship_ns in shard_spawned
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {
@@ -538,7 +543,8 @@ struct shard_spawn {
   /// the model file the shard needs and their XXH3 digests. The daemon takes
   /// them from its cache (--cache), else its --models copy of the file
   /// (verified: a differing entry refuses the spawn as "model differs"), else
-  /// asks `weight_server` for them (slice_fetch).
+  /// answers source "need" and `weight_server` ships them (slice_fetch +
+  /// slice_chunk, acknowledged by slice_ack), then the spawn comes again.
   std::string manifest;
   caf::actor weight_server;      // the front end's (may be invalid: no shipping)
 };
@@ -551,8 +557,9 @@ typename Inspector::result_type inspect(Inspector& f, shard_spawn& x) {
            x.restarted, x.routed, x.experts, x.manifest, x.weight_server);
 }
 
-/// daemon -> weight server (front end): bytes [offset, offset + length) of
-/// the slice image (model/manifest.hpp) whose manifest key is `key`.
+/// The header of a shipped chunk (weight server -> daemon): bytes [offset,
+/// offset + length) of the slice image (model/manifest.hpp) whose manifest
+/// key is `key`.
 struct slice_fetch {
   uint64_t key = 0;     // model::manifest::digest()
   uint64_t offset = 0;  // into the slice image
@@ -564,7 +571,8 @@ typename Inspector::result_type inspect(Inspector& f, slice_fetch& x) {
 }
 
 /// weight server -> daemon: the chunk and the XXH3-64 of its bytes (checked
-/// by the daemon; a mismatch is fetched again), or why not.
+/// by the daemon; a mismatch is shipped again), or why not. Sent with its
+/// slice_fetch as the header, in one message; the daemon answers slice_ack.
 struct slice_chunk {
   std::string error;
   uint64_t offset = 0;
@@ -574,6 +582,53 @@ struct slice_chunk {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, slice_chunk& x) {
   return f(caf::meta::type_name("slice_chunk"), x.error, x.offset, x.bytes, x.digest);
+}
+
+/// daemon -> the sender of a chunk (the front end's weight server): what
+/// became of the chunk at `offset` of slice `key`. The weight server keeps a
+/// few chunks in flight and sends the next one per acknowledgement
+/// (actors/weight_server.hpp).
+struct slice_ack {
+  uint64_t key = 0;
+  uint64_t offset = 0;
+  /// 0: stored; 1: failed its size or digest check (ship it again);
+  /// 2: the daemon expects no such slice (stop shipping it; `error` says why).
+  int32_t status = 0;
+  std::string error;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slice_ack& x) {
+  return f(caf::meta::type_name("slice_ack"), x.key, x.offset, x.status, x.error);
+}
+
+/// front end -> daemon, after the placement and before any spawn (issue
+/// #17): can this node hold these slices? One entry per slice: its manifest
+/// key (model::manifest::digest()), its bytes (model::manifest::bytes()) and
+/// the placement's memory need of the shard (weights + KV cache + buffers,
+/// topologies::memory_need::total()). `model_name` and `file_bytes` name the
+/// model file, so that the daemon knows whether its --models copy serves.
+struct slice_room_ask {
+  std::string model_name;
+  uint64_t file_bytes = 0;
+  std::vector<uint64_t> keys;
+  std::vector<uint64_t> bytes;
+  std::vector<uint64_t> need;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slice_room_ask& x) {
+  return f(caf::meta::type_name("slice_room_ask"), x.model_name, x.file_bytes, x.keys, x.bytes, x.need);
+}
+
+/// daemon -> front end: per asked slice, "" when the node can hold it, else
+/// why not (the bytes needed and available: "out of memory (...)", "no room
+/// for the slice: ... --cache-max ..."). A node that cannot hold what the
+/// placement gives it is left out of the placement (remote_host::drop_unfit).
+struct slice_room {
+  std::vector<std::string> verdicts;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slice_room& x) {
+  return f(caf::meta::type_name("slice_room"), x.verdicts);
 }
 
 /// front end -> daemon: send heartbeats for node `peer` to `monitor` (the
@@ -613,11 +668,14 @@ struct shard_spawned {
   uint64_t shipped_bytes = 0;
   uint64_t bytes_read = 0;
   int64_t reload_ns = 0;   // from the spawn's arrival to the slice verified and loaded
+  /// "shipped": from the daemon's "need" answer to the last chunk stored
+  /// (the transfer alone; reload_ns adds the checks, the cache and the load).
+  int64_t ship_ns = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_spawned& x) {
   return f(caf::meta::type_name("shard_spawned"), x.error, x.shard, x.weight_bytes, x.source, x.shipped_bytes,
-           x.bytes_read, x.reload_ns);
+           x.bytes_read, x.reload_ns, x.ship_ns);
 }
 
 /// daemon -> (stats_atom) requester: the node's memory and load.
@@ -639,12 +697,15 @@ struct node_report {
   uint64_t shipped_bytes = 0;   // slice bytes received from weight servers since start
   uint64_t cache_hits = 0;      // spawns served from --cache
   uint64_t cache_bytes = 0;     // bytes in --cache now
+  std::string cache_dir;        // --cache ("" = none: shipped slices live in memory only)
+  uint64_t cache_max = 0;       // --cache-max bytes (0 = unbounded)
+  uint64_t cache_entries = 0;   // slice files in --cache now
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("node_report"), x.node, x.profile, x.budget_bytes, x.used_bytes,
            x.shards, x.clients, x.pid, x.sessions, x.uptime_ms, x.link, x.version, x.tls, x.guard_rejected,
-           x.shipped_bytes, x.cache_hits, x.cache_bytes);
+           x.shipped_bytes, x.cache_hits, x.cache_bytes, x.cache_dir, x.cache_max, x.cache_entries);
 }
 
 }  // namespace cellshard::actors

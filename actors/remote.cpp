@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <sys/stat.h>
 
@@ -159,7 +161,13 @@ remote_host::~remote_host() {
   if (weight_server_) new caf::actor(std::move(weight_server_));  // NOLINT: likewise
 }
 
-std::vector<topologies::node_spec> remote_host::nodes() const { return specs_; }
+std::vector<topologies::node_spec> remote_host::nodes() const {
+  std::vector<topologies::node_spec> out;
+  for (const auto& n : specs_)
+    if (n.index < 0 || static_cast<size_t>(n.index) >= dropped_.size() || !dropped_[static_cast<size_t>(n.index)])
+      out.push_back(n);
+  return out;
+}
 
 result<void> remote_host::configure(caf::actor_system_config& cfg) {
   return configure_network(cfg, opts_.net);
@@ -402,17 +410,23 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   const shard_spawn again = s;  // asked again after shipping the slice
   int rounds = 0;               // shipping rounds (a chunk failing its digest is shipped in the next)
   constexpr int max_rounds = 4;
-  // Issue #17: the daemon lacks the slice ("need"): push its chunks (header
-  // and body in one message, in order on this connection), then the spawn.
+  // Issue #17: the daemon lacks the slice ("need"): ship it from here, a
+  // window of chunks in flight, the next one per slice_ack (header and body
+  // in one message), then the spawn again (actors/weight_server.hpp).
+  std::optional<slice_shipment> shipping;
+  auto send_chunks = [&] {
+    if (!shipping) return;
+    for (auto& c : shipping->next()) self->send(target, c.first, std::move(c.second));
+    if (shipping->done()) {
+      shipping.reset();
+      self->send(target, again);
+    }
+  };
   auto ship = [&] {
     auto m = model::manifest::decode(again.manifest);
     if (!m) return;
-    const uint64_t key = m->digest(), total = m->bytes();
-    for (uint64_t off = 0; off < total; off += slice_chunk_bytes) {
-      const slice_fetch h{key, off, std::min<uint64_t>(slice_chunk_bytes, total - off)};
-      self->send(target, h, weights_->read(h));
-    }
-    self->send(target, again);
+    shipping.emplace(weights_, m->digest(), m->bytes(), opts_.ship_window);
+    send_chunks();
   };
   self->send(target, std::move(s));
   using clk = std::chrono::steady_clock;
@@ -448,8 +462,12 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
           w.shipped_bytes = r.shipped_bytes;
           w.bytes_read = r.bytes_read;
           w.reload_ms = r.reload_ns / 1e6;
+          w.ship_ms = r.ship_ns / 1e6;
           std::lock_guard<std::mutex> lock(loads_mu_);
           loads_.push_back(std::move(w));
+        },
+        [&](slice_ack& a) {
+          if (shipping && shipping->ack(a)) send_chunks();
         },
         [&](caf::down_msg& dm) {
           waiting = false;
@@ -469,6 +487,99 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
   }
   self->demonitor(target);
   if (gone && down_ && node < static_cast<int>(down_->size())) (*down_)[node] = true;
+  return out;
+}
+
+namespace {
+
+/// The slice of the model a placed shard holds.
+model::slice_spec slice_of(const topologies::shard& sh) {
+  model::slice_spec s;
+  s.layer_begin = sh.layers.begin;
+  s.layer_end = sh.layers.end;
+  s.kv_head_begin = sh.kv_heads.begin;
+  s.kv_head_end = sh.kv_heads.end;
+  s.ffn_begin = sh.ffn.begin;
+  s.ffn_end = sh.ffn.end;
+  s.embedding = sh.has_embedding;
+  s.classifier = sh.has_classifier;
+  s.vocab_begin = sh.vocab.begin;
+  s.vocab_end = sh.vocab.end;
+  s.routed = sh.routed;
+  s.experts = sh.experts;
+  return s;
+}
+
+}  // namespace
+
+std::vector<skipped_node> remote_host::drop_unfit(caf::actor_system& sys, const topologies::placement& plan) {
+  std::vector<skipped_node> out;
+  if (!weights_ || plan.shards.empty()) return out;
+  // Every slice of the plan: manifest key, bytes, memory need.
+  slice_room_ask all;
+  all.model_name = weights_->name();
+  all.file_bytes = weights_->file_bytes();
+  for (const auto& sh : plan.shards) {
+    auto m = weights_->manifest_for(slice_of(sh));
+    if (!m) return out;  // the spawn reports it, naming the node
+    all.keys.push_back(m->digest());
+    all.bytes.push_back(m->bytes());
+    all.need.push_back(sh.memory.total());
+  }
+  // What each node is asked: a shard holder its shards' slices, a spare all of them.
+  std::map<int, std::vector<size_t>> asked;
+  for (size_t i = 0; i < plan.shards.size(); ++i) asked[plan.shards[i].node].push_back(i);
+  std::set<int> spares;
+  for (const auto& sp : plan.spares) {
+    spares.insert(sp.node);
+    for (size_t i = 0; i < plan.shards.size(); ++i) asked[sp.node].push_back(i);
+  }
+  caf::scoped_actor self{sys};
+  std::vector<int> which;
+  std::vector<std::vector<size_t>> slices;
+  auto send = [&](int node, const std::vector<size_t>& idx) {
+    slice_room_ask a;
+    a.model_name = all.model_name;
+    a.file_bytes = all.file_bytes;
+    for (size_t i : idx) {
+      a.keys.push_back(all.keys[i]);
+      a.bytes.push_back(all.bytes[i]);
+      a.need.push_back(all.need[i]);
+    }
+    return self->request(daemon(node), opts_.request_timeout, std::move(a));
+  };
+  std::vector<decltype(send(0, {}))> pending;
+  for (const auto& kv : asked) {
+    if (!daemon(kv.first)) continue;
+    which.push_back(kv.first);
+    slices.push_back(kv.second);
+    pending.push_back(send(kv.first, kv.second));
+  }
+  dropped_.resize(entries_.size(), false);
+  for (size_t k = 0; k < pending.size(); ++k) {
+    const int node = which[k];
+    std::string why;
+    pending[k].receive(
+        [&](slice_room& r) {
+          const auto& idx = slices[k];
+          if (r.verdicts.size() != idx.size()) return;  // not an answer to this question: keep the node
+          if (spares.count(node)) {
+            // A spare stays when it can hold at least one shard of the plan.
+            bool any = false;
+            for (const auto& v : r.verdicts) any = any || v.empty();
+            if (!any) why = "as a spare it cannot hold any shard of the placement: " + r.verdicts.front();
+            return;
+          }
+          for (size_t j = 0; j < idx.size() && why.empty(); ++j)
+            if (!r.verdicts[j].empty())
+              why = "placement index " + std::to_string(plan.shards[idx[j]].index) + ": " + r.verdicts[j];
+        },
+        [&](caf::error&) {});  // no answer: kept; its spawn will say what is wrong
+    if (why.empty()) continue;
+    dropped_[static_cast<size_t>(node)] = true;
+    out.push_back(skipped_node{node, describe(node), why});
+  }
+  std::sort(out.begin(), out.end(), [](const skipped_node& a, const skipped_node& b) { return a.node < b.node; });
   return out;
 }
 

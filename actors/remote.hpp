@@ -65,8 +65,10 @@ struct remote_options {
   /// stage-to-stage traffic then passes through the front end.
   bool direct_links = true;
   /// Test hook (issue #17): the first N chunks the weight server ships carry
-  /// a wrong digest, so daemons must detect them and fetch them again.
+  /// a wrong digest, so daemons must detect them and get them again.
   int corrupt_chunks = 0;
+  /// 1 MiB chunks in flight per slice being shipped (slice_shipment, actors/weight_server.hpp).
+  int ship_window = 2;
 };
 
 /// Parses the cluster file's text; `name` names it in errors.
@@ -94,6 +96,10 @@ public:
   std::vector<weight_load> weight_loads() const override;
   /// False once the daemon's connection went down (watched by the owner actor).
   bool reachable(int node) const override;
+  /// Asks the daemons (slice_room_ask, in parallel, request_timeout): the
+  /// slices' manifests are made here (and kept for the spawns). A daemon
+  /// that does not answer is kept (its spawn will say what is wrong).
+  std::vector<skipped_node> drop_unfit(caf::actor_system& sys, const topologies::placement& plan) override;
   void shutdown(caf::actor_system& sys) override;
 
   /// "node 2 (127.0.0.1:4243)".
@@ -113,6 +119,7 @@ private:
   std::vector<bool> big_endian_;
   remote_options opts_;
   std::vector<topologies::node_spec> specs_;
+  std::vector<bool> dropped_;  // by node index: left out by drop_unfit()
   // A cluster whose start fails destroys its actor system without calling
   // shutdown(), and a strong handle released after that would touch a dead
   // system: the daemons are held weakly (their proxies live in the

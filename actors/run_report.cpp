@@ -98,6 +98,7 @@ result<run_report> make_run_report(cluster& c, const session_outcome& out,
   r.result = out.result;
   r.faults = c.faults();
   r.suspicions = c.suspicions();
+  r.skipped = c.skipped_nodes();
   if (!out.ok) return r;
   r.comm_share = comm_share(out);
   auto st = c.stats();
@@ -162,6 +163,8 @@ nlohmann::json to_json(const run_report& r) {
   nlohmann::json faults = nlohmann::json::array(), suspicions = nlohmann::json::array();
   for (const auto& f : r.faults) faults.push_back(to_json(f));
   for (const auto& s : r.suspicions) suspicions.push_back(to_json(s));
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& k : r.skipped) skipped.push_back({{"index", k.node}, {"node", k.who}, {"reason", k.why}});
   nlohmann::json j;
   j["ok"] = r.ok;
   if (!r.ok) {
@@ -171,6 +174,7 @@ nlohmann::json to_json(const run_report& r) {
     j["duration_ms"] = r.result.duration_ms;
     j["faults"] = faults;
     j["suspicions"] = suspicions;
+    j["skipped_nodes"] = skipped;
     return j;
   }
   if (!r.model.empty()) j["model"] = r.model;
@@ -218,6 +222,7 @@ nlohmann::json to_json(const run_report& r) {
   }
   j["faults"] = faults;
   j["suspicions"] = suspicions;
+  j["skipped_nodes"] = skipped;
   j["ids"] = r.result.ids;
   // When each generated token arrived, ms since the start (for timelines).
   nlohmann::json times = nlohmann::json::array();

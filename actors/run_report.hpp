@@ -88,6 +88,10 @@ struct run_report {
   std::vector<link_figures> links;
   std::vector<fault_record> faults;
   std::vector<suspicion_info> suspicions;
+  /// Nodes left out of the placement because they could not hold their
+  /// slice (issue #17; cluster::skipped_nodes()): JSON `skipped_nodes`,
+  /// [{index, node, reason}] (node: "node N (HOST:PORT)").
+  std::vector<skipped_node> skipped;
   std::optional<bool> diverged;           // set when the ids were compared (--expect-ids)
   /// Expert placement (issue #23; empty / 0 otherwise): per stage, the
   /// tokens routed to each expert (summed over the stage's layers, replays

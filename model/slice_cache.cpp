@@ -64,6 +64,21 @@ uint64_t slice_cache::used() const {
   return n;
 }
 
+slice_cache::usage_figures slice_cache::usage() const {
+  usage_figures u;
+  for (const auto& f : list(dir_)) {
+    u.bytes += f.bytes;
+    ++u.entries;
+  }
+  return u;
+}
+
+bool slice_cache::holds(uint64_t key) const {
+  struct stat sb;
+  const std::string p = dir_ + "/" + format_digest(key) + ".slice";
+  return ::stat(p.c_str(), &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
 result<slice_cache::lookup> slice_cache::get(const manifest& m) {
   lookup out;
   const std::string p = path_of(m);

@@ -44,6 +44,15 @@ public:
   bool fits(uint64_t n) const { return max_ == 0 || n <= max_; }
   /// Bytes of the slice files in the folder now.
   uint64_t used() const;
+  struct usage_figures {
+    uint64_t bytes = 0;    // of the slice files
+    uint64_t entries = 0;  // slice files
+  };
+  /// Bytes and number of the slice files in the folder now (one listing).
+  usage_figures usage() const;
+  /// True when a file for the slice of manifest key `key` (manifest::digest())
+  /// is in the folder (not verified: get() does that).
+  bool holds(uint64_t key) const;
   const std::string& dir() const { return dir_; }
   uint64_t max_bytes() const { return max_; }
   /// The file of a key (for tests and messages).

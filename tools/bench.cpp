@@ -240,6 +240,10 @@ void add_bench(CLI::App& app, int& status) {
   lb->add_option("--stage", lo->stage, "the stage whose slice is loaded")->capture_default_str();
   lb->add_flag("--skip-ship", lo->skip_ship, "leave out the daemon shipping rows");
   lb->add_flag("--skip-synth", lo->skip_synth, "leave out the synthetic stories15m model");
+  lb->add_option("--window", lo->window, "1 MiB chunks in flight when shipping a slice")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  lb->add_option("--baseline-window", lo->baseline_window, "chunks in flight of the shipping baseline (same run)")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
   lb->add_option("--json", *ljson, "rows as JSON to FILE (- = stdout)");
   lb->callback([lo, ljson, &status] {
     std::vector<bench_row> rows;

@@ -49,6 +49,8 @@ struct load_bench_options {
   std::string tokenizer;            // for -m models ("": the model itself, a GGUF)
   int stages = 8, stage = 3;        // the slice: pipeline stage `stage` of `stages`
   bool skip_ship = false, skip_synth = false;
+  int window = 2;           // chunks in flight when shipping (remote_options::ship_window)
+  int baseline_window = 1;  // the load.ship_transfer row's baseline: one chunk per round trip
 };
 int run_load_bench(const load_bench_options& o, std::vector<bench_row>& rows);
 

@@ -15,6 +15,12 @@
 //                    own copy of the file (--models) in the same run. Time
 //                    is the daemon's, spawn arrival to the shard's weights
 //                    built (shard_spawned::reload_ns).
+//   load.ship_transfer  the transfer alone of the cold shipment (the
+//                    daemon's "need" answer to its last chunk stored,
+//                    shard_spawned::ship_ns) with `--window` chunks in
+//                    flight, against a fresh daemon shipped the same slice
+//                    with `--baseline-window` chunks in flight (default 1:
+//                    one round trip per chunk) in the same run.
 // Models: --model (repeatable), default ../shared's stories260K.bin and
 // llama2-small-f32.gguf plus a synthetic stories15m .bin (60 MB) written to
 // a temporary folder, so the figures are not all noise.
@@ -109,8 +115,9 @@ void open_place_rows(const std::string& path, const load_bench_options& o, std::
 
 /// One spawn of `spec` on a single daemon through remote_host; the daemon's figures.
 actors::weight_load spawn_once(const std::vector<actors::remote_node>& nodes, const model::model_file& file,
-                               const model::tokenizer& tok, const model::slice_spec& spec) {
+                               const model::tokenizer& tok, const model::slice_spec& spec, int window) {
   actors::remote_options ro;
+  ro.ship_window = window;
   auto host = std::make_shared<actors::remote_host>(nodes, ro);
   caf::actor_system_config cfg;
   actors::register_messages(cfg);
@@ -161,14 +168,20 @@ void ship_rows(const std::string& path, const std::string& tok_path, const load_
   lo.extra_args = {"--cache", cache};
   auto shipping = actors::local_daemons::start(1, 0, lo);
   if (!shipping) throw cli_error("bench load: " + shipping.message());
-  const auto cold = spawn_once((*shipping)->entries(), **file, **tok, spec);
+  const auto cold = spawn_once((*shipping)->entries(), **file, **tok, spec, o.window);
   if (auto r = (*shipping)->restart(0); !r) throw cli_error("bench load: " + r.message());
-  const auto cached = spawn_once((*shipping)->entries(), **file, **tok, spec);
+  const auto cached = spawn_once((*shipping)->entries(), **file, **tok, spec, o.window);
   actors::local_daemon_options lm;
   lm.models_dir = models;
   auto reading = actors::local_daemons::start(1, 0, lm);
   if (!reading) throw cli_error("bench load: " + reading.message());
-  const auto local = spawn_once((*reading)->entries(), **file, **tok, spec);
+  const auto local = spawn_once((*reading)->entries(), **file, **tok, spec, o.window);
+  // The transfer's baseline: a fresh daemon and cache, --baseline-window chunks in flight.
+  actors::local_daemon_options lb = lo;
+  lb.extra_args = {"--cache", dir + "/cache-baseline"};
+  auto base_daemon = actors::local_daemons::start(1, 0, lb);
+  if (!base_daemon) throw cli_error("bench load: " + base_daemon.message());
+  const auto base = spawn_once((*base_daemon)->entries(), **file, **tok, spec, o.baseline_window);
   const std::map<std::string, std::string> params = {
       {"model", base_name(path)}, {"slice", "stage " + std::to_string(o.stage) + "/" + std::to_string(o.stages)}};
   auto row = [&](const std::string& name, const actors::weight_load& w, const std::string& extra) {
@@ -191,6 +204,23 @@ void ship_rows(const std::string& path, const std::string& tok_path, const load_
                 mb > 0 ? cold.reload_ms / mb : 0);
   row("load.ship_cold", cold, rate);
   row("load.ship_cached", cached, "");
+  {
+    auto mbps = [&](const actors::weight_load& w) { return w.ship_ms > 0 ? w.shipped_bytes / 1e6 / (w.ship_ms / 1e3) : 0.0; };
+    bench_row r;
+    r.name = "load.ship_transfer";
+    r.params = params;
+    r.params["window"] = std::to_string(o.window);
+    r.params["shipped_bytes"] = std::to_string(cold.shipped_bytes);
+    char note[96];
+    std::snprintf(note, sizeof note, "%.1f MB/s, baseline %.1f MB/s", mbps(cold), mbps(base));
+    r.params["note"] = note;
+    r.value = cold.ship_ms;
+    r.unit = "ms";
+    r.baseline = base.ship_ms;
+    r.baseline_name = "window " + std::to_string(o.baseline_window) + " (fresh daemon, same slice)";
+    r.ratio = base.ship_ms > 0 ? cold.ship_ms / base.ship_ms : 0;
+    rows.push_back(r);
+  }
 }
 
 /// ../shared (or ../../shared, /work/shared) when it holds the models, else "".

@@ -439,6 +439,9 @@ int do_run(run_opts o) {
     // Daemons whose build lacks --kernels (a cross build has no OpenBLAS) say what they run instead.
     if (auto remote = std::dynamic_pointer_cast<actors::remote_host>(co.host))
       for (const auto& note : remote->join_notes(o.cf.kernels)) std::fprintf(stderr, "note: %s\n", note.c_str());
+    // Nodes that could not hold their slice, left out of the placement (issue #17).
+    for (const auto& k : (*c)->skipped_nodes())
+      std::fprintf(stderr, "warning: %s not used: %s\n", k.who.c_str(), k.why.c_str());
     if (o.cf.print_placement) std::fprintf(stderr, "%s", topologies::to_string((*c)->placement()).c_str());
     // The limits in effect, measured before the run (a limit not in effect
     // is the commonest mistake in such experiments).

@@ -1,7 +1,7 @@
 // `cellshard status --cluster FILE [--json FILE]`: what every node daemon of
 // a cluster file holds now -- memory in use and budget, shards, sessions,
 // uptime, link shaping, version, TLS, connections its guard closed (issue
-// #20). Each daemon is asked once (stats), through the guard dialer and TLS
+// #20), its slice cache and the weight bytes shipped to it (issue #17). Each daemon is asked once (stats), through the guard dialer and TLS
 // as a front end connects; an unreachable daemon is listed with the reason
 // and makes the exit status 1.
 #include "actors/guard.hpp"
@@ -46,8 +46,9 @@ int do_status(const status_opts& o) {
   caf::scoped_actor self(sys);
   nlohmann::json out = nlohmann::json::array();
   int failed = 0;
-  std::printf("%-22s %-5s %-9s %-22s %6s %8s %9s %-16s %-8s %s\n", "daemon", "node", "profile", "memory (used/budget)",
-              "shards", "sessions", "uptime", "link", "version", "tls/guard");
+  std::printf("%-22s %-5s %-9s %-22s %6s %8s %9s %-16s %-8s %-28s %s\n", "daemon", "node", "profile",
+              "memory (used/budget)", "shards", "sessions", "uptime", "link", "version", "tls/guard",
+              "cache (used/max, slices, hits), shipped");
   for (const auto& n : *nodes) {
     nlohmann::json j = {{"address", n.address()}};
     std::string error;
@@ -89,14 +90,28 @@ int do_status(const status_opts& o) {
               {"version", r.version},
               {"tls", r.tls},
               {"guard_rejected", r.guard_rejected},
-              {"pid", r.pid}});
+              {"pid", r.pid},
+              {"shipped_bytes", r.shipped_bytes},
+              {"cache_dir", r.cache_dir},
+              {"cache_bytes", r.cache_bytes},
+              {"cache_max_bytes", r.cache_max},
+              {"cache_entries", r.cache_entries},
+              {"cache_hits", r.cache_hits}});
     out.push_back(j);
     const std::string mem = topologies::format_bytes(r.used_bytes) + " / " +
                             (r.budget_bytes ? topologies::format_bytes(r.budget_bytes) : std::string("unlimited"));
-    std::printf("%-22s %-5d %-9s %-22s %6d %8d %8.0fs %-16s %-8s %s, %llu rejected\n", n.address().c_str(), r.node,
+    const std::string guard = std::string(r.tls ? "mutual TLS" : "plain") + ", " +
+                              std::to_string(r.guard_rejected) + " rejected";
+    const std::string cache =
+        r.cache_dir.empty()
+            ? std::string("no cache")
+            : topologies::format_bytes(r.cache_bytes) + " / " +
+                  (r.cache_max ? topologies::format_bytes(r.cache_max) : std::string("unbounded")) + ", " +
+                  std::to_string(r.cache_entries) + " slices, " + std::to_string(r.cache_hits) + " hits";
+    std::printf("%-22s %-5d %-9s %-22s %6d %8d %8.0fs %-16s %-8s %-28s %s, %s shipped\n", n.address().c_str(), r.node,
                 r.profile.c_str(), mem.c_str(), r.shards, r.sessions, r.uptime_ms / 1000.0,
-                r.link.empty() ? "unshaped" : r.link.c_str(), r.version.c_str(), r.tls ? "mutual TLS" : "plain",
-                static_cast<unsigned long long>(r.guard_rejected));
+                r.link.empty() ? "unshaped" : r.link.c_str(), r.version.c_str(), guard.c_str(), cache.c_str(),
+                topologies::format_bytes(r.shipped_bytes).c_str());
   }
   if (!o.json_out.empty()) write_text(o.json_out, nlohmann::json{{"daemons", out}}.dump(2) + "\n");
   if (failed) throw cli_error(std::to_string(failed) + " of " + std::to_string(nodes->size()) +

@@ -26,15 +26,18 @@ struct shipping_daemons {
   std::string dir;
   std::vector<std::string> caches;
   std::vector<std::unique_ptr<test::daemon_process>> nodes;
-  shipping_daemons(const std::string& name, int n, const std::vector<std::string>& extra = {}) {
+  shipping_daemons(const std::string& name, int n, const std::vector<std::string>& extra = {})
+      : shipping_daemons(name, std::vector<std::vector<std::string>>(static_cast<size_t>(n), extra)) {}
+  /// One daemon per entry of `extra`, with those extra flags.
+  shipping_daemons(const std::string& name, const std::vector<std::vector<std::string>>& extra) {
     dir = test::temp_dir(name);
     test::run_command({"/bin/rm", "-rf", dir + "/empty", dir + "/cache-0", dir + "/cache-1", dir + "/cache-2",
                        dir + "/cache-3"});
     test::run_command({"/bin/mkdir", "-p", dir + "/empty"});
-    for (int i = 0; i < n; ++i) {
+    for (size_t i = 0; i < extra.size(); ++i) {
       caches.push_back(dir + "/cache-" + std::to_string(i));
       std::vector<std::string> args = {"--models", dir + "/empty", "--cache", caches.back()};
-      args.insert(args.end(), extra.begin(), extra.end());
+      args.insert(args.end(), extra[i].begin(), extra[i].end());
       nodes.push_back(std::make_unique<test::daemon_process>(dir, args));
       INFO(nodes.back()->log());
       REQUIRE(nodes.back()->ok());
@@ -152,6 +155,28 @@ TEST_CASE("3 daemons without the model: slices shipped, then cached, a corrupt c
     CHECK(w2[i].second == 1);
   }
 
+  // `cellshard status` shows each daemon's cache: one slice of the size
+  // shipped in run 1, unbounded, one hit (run 2), the bytes shipped.
+  {
+    const std::string sj = d.dir + "/status.json";
+    auto st = test::run_command({test::cellshard_bin(), "status", "--cluster", cluster, "--json", sj}, 60);
+    INFO(st.out << st.err);
+    REQUIRE(st.status == 0);
+    CHECK_THAT(st.out, Catch::Contains("1 slices, 1 hits"));
+    const auto sd = read_json(sj);
+    REQUIRE(sd.contains("daemons"));
+    REQUIRE(sd["daemons"].size() == 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& e = sd["daemons"][i];
+      CHECK(e.value("cache_dir", std::string()) == d.caches[i]);
+      CHECK(e.value("cache_entries", uint64_t{9}) == 1u);
+      CHECK(e.value("cache_bytes", uint64_t{0}) == w1[static_cast<int>(i)].first);
+      CHECK(e.value("cache_max_bytes", uint64_t{9}) == 0u);
+      CHECK(e.value("cache_hits", uint64_t{9}) == 1u);
+      CHECK(e.value("shipped_bytes", uint64_t{0}) == w1[static_cast<int>(i)].first);
+    }
+  }
+
   // 3. A byte of node 1's cached slice flipped: detected, shipped again.
   const auto files = slice_files(d.caches[1]);
   REQUIRE(files.size() == 1);
@@ -184,7 +209,7 @@ TEST_CASE("3 daemons without the model: slices shipped, then cached, a corrupt c
   auto r4 = test::run_command(args, 120);
   INFO(r4.err << "\n" << fresh.logs());
   CHECK(r4.status == 0);
-  CHECK_THAT(fresh.nodes[0]->log(), Catch::Contains("failed its check") && Catch::Contains("fetching it again"));
+  CHECK_THAT(fresh.nodes[0]->log(), Catch::Contains("failed its check") && Catch::Contains("shipping it again"));
 }
 
 TEST_CASE("3 daemons without the model: llama2-small-f32.gguf's llama.cpp ids", "[net][ship][gguf]") {
@@ -210,16 +235,50 @@ TEST_CASE("3 daemons without the model: llama2-small-f32.gguf's llama.cpp ids", 
   }
 }
 
-TEST_CASE("a daemon whose --cache-max cannot hold its slice says so", "[net][ship]") {
+TEST_CASE("a daemon whose --cache-max cannot hold its slice says so and is not used", "[net][ship]") {
   if (!test::have_shared()) return;
-  shipping_daemons d("net-ship-room", 1, {"--cache-max", "1KiB"});
-  const std::string cluster = test::write_cluster_file(d.dir + "/cluster.json", d.ports());
-  auto r = test::run_command({test::cellshard_bin(), "run", "-m", test::shared_file("models/stories260K.bin"), "-z",
-                              test::shared_file("models/tok512.bin"), "-n", "8", "-t", "0", "-q", "--cluster", cluster},
-                             60);
+  // Nodes 1 (a shard holder at first) and 3 (a spare) cannot hold any slice.
+  const std::vector<std::string> tiny = {"--cache-max", "1KiB"};
+  shipping_daemons d("net-ship-room", {{}, tiny, {}, tiny});
+  const auto p = d.ports();
+  const std::string cluster =
+      test::write_cluster_entries(d.dir + "/cluster.json", {{p[0]}, {p[1]}, {p[2]}, {p[3], true}});
+  const auto f = fixture("greedy_bos_n200");
+  const std::string json = d.dir + "/run.json";
+  auto r = test::run_command(fixture_run(f, cluster, json), 120);
   INFO(r.err << "\n" << d.logs());
-  CHECK(r.status == 1);
-  CHECK_THAT(r.err, Catch::Contains(d.nodes[0]->address()) && Catch::Contains("no room for the slice") &&
-                        Catch::Contains("--cache-max"));
-  CHECK(slice_files(d.caches[0]).empty());
+  REQUIRE(r.status == 0);  // the ids are the fixture's (--expect-ids)
+  for (int i : {1, 3}) {
+    CHECK_THAT(r.err, Catch::Contains("warning: node " + std::to_string(i) + " (" + d.nodes[static_cast<size_t>(i)]->address() +
+                                      ") not used") &&
+                          Catch::Contains("no room for the slice") && Catch::Contains("--cache-max of " + d.caches[static_cast<size_t>(i)] + " is 1024"));
+    CHECK(slice_files(d.caches[static_cast<size_t>(i)]).empty());
+  }
+  CHECK_THAT(r.err, !Catch::Contains("node 0 (" + d.nodes[0]->address() + ") not used"));
+  const auto j = read_json(json);
+  REQUIRE(j.contains("skipped_nodes"));
+  REQUIRE(j["skipped_nodes"].size() == 2u);
+  CHECK(j["skipped_nodes"][0].value("index", -1) == 1);
+  CHECK(j["skipped_nodes"][1].value("index", -1) == 3);
+  CHECK_THAT(j["skipped_nodes"][0].value("reason", std::string()), Catch::Contains("needs"));
+  CHECK_THAT(j["skipped_nodes"][1].value("reason", std::string()), Catch::Contains("as a spare"));
+  // The model runs on nodes 0 and 2 only, both shipped their slices.
+  auto w = weights_by_node(j);
+  CHECK(w.size() == 2);
+  CHECK(w.count(0) == 1);
+  CHECK(w.count(2) == 1);
+  CHECK(w[0].first > 0);
+  CHECK(w[2].first > 0);
+  CHECK(slice_files(d.caches[0]).size() == 1);
+  CHECK(slice_files(d.caches[2]).size() == 1);
+
+  // Alone, the node without room leaves nothing to place on: a clear error naming it.
+  const std::string alone = test::write_cluster_file(d.dir + "/alone.json", {p[1]});
+  auto r2 = test::run_command({test::cellshard_bin(), "run", "-m", test::shared_file("models/stories260K.bin"), "-z",
+                               test::shared_file("models/tok512.bin"), "-n", "8", "-t", "0", "-q", "--cluster", alone},
+                              60);
+  INFO(r2.err);
+  CHECK(r2.status == 1);
+  CHECK_THAT(r2.err, Catch::Contains("node 0 (" + d.nodes[1]->address() + ") not used") &&
+                         Catch::Contains("no room for the slice"));
 }
