@@ -179,7 +179,12 @@ struct supervisor_state {
         [sup, factory, id, incarnation, last, attempt](caf::event_based_actor* helper) -> caf::behavior {
           start_context ctx{helper->home_system(), sup, id, incarnation, last};
           caf::actor h = factory(ctx);
-          helper->request(sup, std::chrono::seconds(10), sv_started_atom::value, id, attempt, h)
+          // No timeout: a living supervisor answers at once, a dead one's
+          // mailbox bounces the request as an error at once; and a request
+          // timeout would hold this helper in the actor clock, which an
+          // actor system being destroyed may never fire (its destructor
+          // then waits for this detached thread for ever).
+          helper->request(sup, caf::infinite, sv_started_atom::value, id, attempt, h)
               .then(
                   [helper, h](bool accepted) {
                     if (!accepted && h) helper->send_exit(h, caf::exit_reason::kill);
