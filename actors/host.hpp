@@ -87,11 +87,6 @@ public:
                                const model::tokenizer& tok) = 0;
   /// Starts one shard; an error names the node and the cause.
   virtual result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) = 0;
-  /// True when spawn() waits on something outside the process (a node
-  /// daemon's reply, weights shipped first): the supervision tree then runs
-  /// it on a thread of its own (supervision::child_spec::start_may_block),
-  /// never on the scheduler threads that carry heartbeats and compute.
-  virtual bool spawn_may_block() const { return false; }
   /// Every successful spawn's weight figures, in spawn order (empty in process).
   virtual std::vector<weight_load> weight_loads() const { return {}; }
   /// Bytes in use on each node, by node index (empty when unknown).

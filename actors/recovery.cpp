@@ -461,9 +461,6 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
     for (int idx : stage.shards) {
       supervision::child_spec cs;
       cs.id = "shard-" + std::to_string(idx);
-      // A daemon's spawn waits for its reply (and any shipping): off the
-      // stage supervisor's scheduler thread, its result handled as a message.
-      cs.start_may_block = rt->host->spawn_may_block();
       cs.start = [rt, idx](const supervision::start_context& ctx) -> caf::actor {
         std::unique_lock<std::mutex> lock(rt->mu);
         if (ctx.incarnation > 0) {

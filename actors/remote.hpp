@@ -26,7 +26,9 @@
 //
 // Thread safety: as shard_host (the cluster's thread; spawn() may also run on
 // a CAF worker inside the supervision tree: it blocks that thread for at most
-// request_timeout from the last chunk shipped; see spawn_may_block below). Errors: cellshard::result naming the node and the cause.
+// request_timeout from the last chunk shipped; see docs/runtime.md on
+// supervision::child_spec::start_may_block, which it does not use yet).
+// Errors: cellshard::result naming the node and the cause.
 #pragma once
 
 #include "actors/host.hpp"
@@ -86,12 +88,6 @@ public:
   result<void> connect(caf::actor_system& sys, const model::model_file& file,
                        const model::tokenizer& tok) override;
   result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) override;
-  // Not yet: with spawns on supervision helpers, a start that failed (a
-  // node refused its slice) left 1 run in ~6 waiting for ever in the actor
-  // system's destructor on a helper's thread (tests/net/test_fingerprint,
-  // "another model file"); the cause is not found. Spawns stay blocking
-  // inside the factory until it is (issue #15).
-  bool spawn_may_block() const override { return false; }
   /// Asks every daemon (deadline 2 s each, in parallel); 0 for a node that did not answer.
   std::vector<uint64_t> node_memory() const override;
   /// Asks the daemon to heartbeat from its own process (heartbeat_start).
