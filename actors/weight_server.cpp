@@ -56,8 +56,14 @@ slice_chunk weight_store::read(const slice_fetch& f) {
     out.error = "chunk of " + std::to_string(f.length) + " bytes asked, at most " + std::to_string(max_chunk);
     return out;
   }
+  if (!file_.file_image()) {  // make_manifest refuses such a model first: unreachable
+    out.error = "the front end's " + name_ + " is a converted slice image";
+    return out;
+  }
   out.bytes.resize(f.length);
-  auto r = model::copy_slice_bytes(*m, file_.image(), f.offset, f.length, reinterpret_cast<uint8_t*>(out.bytes.data()));
+  // The file's own bytes (a big-endian front end's image is converted).
+  auto r = model::copy_slice_bytes(*m, file_.file_image(), f.offset, f.length,
+                                   reinterpret_cast<uint8_t*>(out.bytes.data()));
   if (!r) {
     out.error = r.message();
     out.bytes.clear();

@@ -149,8 +149,12 @@ result<void> model_file::init(const std::string& name, load_options opts) {
     digest_ = XXH64(base_, size_, 0);  // the digest is of the file's own bytes
     have_digest_ = true;
     swapped_ = true;
+    keep_original();
+    // A zero word is its own swap: not writing it keeps a sparse image's
+    // untouched pages (a slice's, from_sparse) unallocated.
     uint32_t* w = reinterpret_cast<uint32_t*>(base_);
-    for (uint64_t i = 0; i < size_ / 4; ++i) w[i] = bswap32(w[i]);
+    for (uint64_t i = 0; i < size_ / 4; ++i)
+      if (w[i] != 0) w[i] = bswap32(w[i]);
   }
   const float* p = reinterpret_cast<const float*>(base_ + 7 * sizeof(int32_t));
   emb_ = p;
@@ -213,6 +217,14 @@ result<std::shared_ptr<const model_file>> model_file::open(const std::string& pa
     }
     m->base_ = static_cast<uint8_t*>(p);
     m->mapped_ = true;
+    if (swap) {  // the file's own bytes beside the converted image (file_image())
+      void* o = ::mmap(nullptr, m->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (o == MAP_FAILED) {
+        ::close(fd);
+        return make_error(path + ": mmap failed: " + std::strerror(errno));
+      }
+      m->original_map_ = static_cast<uint8_t*>(o);
+    }
   }
   ::close(fd);
   auto r = m->init(path, opts);
@@ -255,6 +267,17 @@ result<std::shared_ptr<const model_file>> model_file::from_sparse(uint64_t size,
 
 model_file::~model_file() {
   if (mapped_ && base_) ::munmap(base_, size_);
+  if (original_map_) ::munmap(original_map_, size_);
+}
+
+void model_file::keep_original() {
+  in_place_ = true;
+  if (original_map_) {
+    original_ = original_map_;
+  } else if (!sparse_ && !mapped_) {
+    original_copy_.assign(base_, base_ + size_);
+    original_ = original_copy_.data();
+  }  // else a sparse image: no file bytes (file_image() is null)
 }
 
 std::string format_digest(uint64_t v) {

@@ -132,10 +132,22 @@ public:
   const config& cfg() const { return cfg_; }
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const { return size_; }
-  /// The file's bytes as loaded (file_bytes() long; a byte-swapped file's
-  /// are converted in place, see swapped()). For manifests.
+  /// The file's bytes as loaded (file_bytes() long): a byte-swapped llama2.c
+  /// or CSQ8 file's are converted in place (see swapped()); the loaders'
+  /// pointers point into it.
   const uint8_t* image() const { return base_; }
-  /// True when the loader converted the byte order (image() differs from the file).
+  /// The file's own bytes as they are on disk (file_bytes() long), the same
+  /// on every host: what weight manifests digest and front ends ship
+  /// (model/manifest.hpp). image() unless the loader converted the bytes in
+  /// place; then a second, read-only mapping of the file (open(): the page
+  /// cache's pages, no copy) or a copy made before the conversion
+  /// (from_bytes(): twice the memory of the image while the model lives).
+  /// nullptr for a converted sparse image (from_sparse(), a slice on a host
+  /// of the other byte order): a slice is not sliced again.
+  const uint8_t* file_image() const { return in_place_ ? original_ : base_; }
+  /// True when the loader converted the byte order: in place for llama2.c and
+  /// CSQ8 files (image() then differs from the file), into copies of the
+  /// tensors for GGUF files (image() is the file's bytes).
   bool swapped() const { return swapped_; }
 
   const float* token_embedding() const { return emb_; }  // [vocab x dim]
@@ -206,6 +218,12 @@ private:
   bool swapped_ = false;
   bool sparse_ = false;  // from_sparse(): anonymous memory, no file behind it
   std::vector<uint8_t> owned_;
+  // The file's own bytes when the image is converted in place (file_image()).
+  void keep_original();  // call before converting base_ in place
+  bool in_place_ = false;
+  const uint8_t* original_ = nullptr;
+  uint8_t* original_map_ = nullptr;  // open(): read-only mapping of the file, size_ bytes
+  std::vector<uint8_t> original_copy_;  // from_bytes(): the bytes before conversion
   const float* emb_ = nullptr;
   const float* layers_ = nullptr;
   const float* rms_final_ = nullptr;

@@ -341,9 +341,14 @@ result<manifest> make_manifest(const model_file& file, const slice_spec& spec, c
   if (auto ok = check_spec(file.cfg(), spec); !ok) return ok.err();
   if (name.find('\n') != std::string::npos)
     return make_error("manifest: model name '" + name + "' has a line break");
+  // Digests are of the file's own bytes (the same on every host), offsets
+  // those of the loaded image (the same layout: conversions keep offsets).
+  const uint8_t* bytes = file.file_image();
+  if (!bytes)
+    return make_error(file.path() + ": a slice image converted to this host's byte order cannot be sliced "
+                      "again (manifest)");
   builder b{file.image(), file.file_bytes(), {}, {}};
-  const bool whole_file = file.quantized() || file.swapped();
-  if (whole_file) {
+  if (file.quantized()) {
     b.add("file", "bytes", 0, file.file_bytes());
   } else if (file.gguf()) {
     if (auto r = gguf_entries(file, spec, b); !r) return r.err();
@@ -358,7 +363,7 @@ result<manifest> make_manifest(const model_file& file, const slice_spec& spec, c
   for (auto& e : b.out) {
     if (e.name.find_first_of(" \t\n") != std::string::npos)
       return make_error(file.path() + ": tensor name '" + e.name + "' has white space (manifest)");
-    e.digest = digest_segments(file.image(), e.offset, e.length, e.stride, e.count);
+    e.digest = digest_segments(bytes, e.offset, e.length, e.stride, e.count);
   }
   m.entries = std::move(b.out);
   return m;

@@ -20,9 +20,15 @@
 // (the entries mirror its slicing; tests/model/test_manifest.cpp checks that
 // every slice gives the same logits from the slice image as from the file).
 //
-// Formats: llama2.c f32 files and GGUF files of the host's byte order are
-// sliced; a CSQ8 file (whose loader checks a digest of the whole file) and a
-// byte-swapped file are one entry holding the whole file.
+// Formats: llama2.c f32 files and GGUF files are sliced; a CSQ8 file (whose
+// loader checks a digest of the whole file) is one entry holding the whole
+// file.
+//
+// Byte order: a manifest and a slice image are of the file's own bytes
+// (model_file::file_image()), never of a host's converted image, so a
+// big-endian host (the PS3's PPE, s390x) makes the same manifest, key and
+// slice as a little-endian one, and open_slice() converts the slice as
+// model_file::open() converts the file.
 //
 // Units: offsets, lengths and strides in bytes of the file. Ownership:
 // manifests are plain values. Thread safety: the functions are pure (they
@@ -71,13 +77,15 @@ struct manifest {
 };
 
 /// The manifest of `spec` over `file` (an opened model file; `name` is the
-/// file name the manifest carries). Reads the slice's bytes to digest them.
-/// Errors: a spec outside the model (as shard_weights::make), a tensor name
-/// with white space.
+/// file name the manifest carries). Reads the slice's bytes to digest them
+/// (file.file_image()). Errors: a spec outside the model (as
+/// shard_weights::make), a tensor name with white space, a converted slice
+/// image (file_image() null).
 result<manifest> make_manifest(const model_file& file, const slice_spec& spec, const std::string& name);
 
 /// Copies `n` bytes of the slice image, starting at byte `at` of it, from the
-/// whole file's image `file` (file_bytes long) into `out`. Errors when
+/// whole file's own bytes `file` (file_bytes long: model_file::file_image(),
+/// not image(), which a big-endian host converts) into `out`. Errors when
 /// [at, at + n) is outside the slice image.
 result<void> copy_slice_bytes(const manifest& m, const uint8_t* file, uint64_t at, uint64_t n, uint8_t* out);
 

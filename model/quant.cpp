@@ -275,6 +275,8 @@ result<void> q8_reader::init(model_file& m, const std::string& name, load_option
   if (swap) {
     m.digest_ = XXH64(base, size, 0);  // the digest is of the file's own bytes
     m.have_digest_ = true;
+    m.swapped_ = true;
+    m.keep_original();
     swap_arrays(base, *c);
   }
 

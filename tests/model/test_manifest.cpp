@@ -6,6 +6,8 @@
 // the llama2.c layout's own arithmetic); corruption and truncation are named.
 #include "model/manifest.hpp"
 
+#include "model/gguf.hpp"
+#include "model/quant.hpp"
 #include "model/synth.hpp"
 #include "model/transformer.hpp"
 #include "tests/support.hpp"
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <xxhash.h>
 
 using namespace cellshard;
 
@@ -26,13 +29,14 @@ std::vector<float> seeded(size_t n, uint32_t seed) {
   return v;
 }
 
-/// The slice image of `spec` gathered from the whole file, in two pieces (a
-/// chunk boundary inside an entry), verified.
+/// The slice image of `spec` gathered from the whole file's own bytes, in
+/// two pieces (a chunk boundary inside an entry), verified.
 std::vector<uint8_t> gather(const model::manifest& m, const model::model_file& f) {
   std::vector<uint8_t> s(m.bytes());
   const uint64_t half = m.bytes() / 2 + 3;
-  REQUIRE(model::copy_slice_bytes(m, f.image(), 0, half, s.data()));
-  REQUIRE(model::copy_slice_bytes(m, f.image(), half, m.bytes() - half, s.data() + half));
+  REQUIRE(f.file_image() != nullptr);
+  REQUIRE(model::copy_slice_bytes(m, f.file_image(), 0, half, s.data()));
+  REQUIRE(model::copy_slice_bytes(m, f.file_image(), half, m.bytes() - half, s.data() + half));
   auto ok = model::verify_slice(m, s.data(), s.size(), "gathered");
   INFO((ok ? std::string() : ok.message()));
   REQUIRE(ok);
@@ -41,8 +45,9 @@ std::vector<uint8_t> gather(const model::manifest& m, const model::model_file& f
 
 /// Every layer's attention and FFN partial, the classifier's logits and the
 /// embedding rows from the slice-only model equal those from the file.
+/// `lo`: how the file was opened (force_swap: a file of the other byte order).
 void same_outputs(const std::shared_ptr<const model::model_file>& file, const model::slice_spec& spec,
-                  model::weight_format fmt = model::weight_format::f32) {
+                  model::weight_format fmt = model::weight_format::f32, model::load_options lo = {}) {
   INFO("slice " << spec.to_string() << " of " << file->path());
   auto m = model::make_manifest(*file, spec, "model");
   INFO((m ? std::string() : m.message()));
@@ -53,7 +58,7 @@ void same_outputs(const std::shared_ptr<const model::model_file>& file, const mo
   CHECK(round->entries == m->entries);
   CHECK(round->digest() == m->digest());
   const auto slice = gather(*m, *file);
-  auto part = model::open_slice(*m, slice.data(), slice.size());
+  auto part = model::open_slice(*m, slice.data(), slice.size(), lo);
   INFO((part ? std::string() : part.message()));
   REQUIRE(part);
   auto wa = model::shard_weights::make(file, spec, fmt);
@@ -91,6 +96,51 @@ void same_outputs(const std::shared_ptr<const model::model_file>& file, const mo
       (*wb)->embed(t, pb.data());
       CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)) == 0);
     }
+}
+
+/// A llama2.c image with every 4-byte word in the other byte order (the
+/// whole format is 4-byte words): what a big-endian exporter writes.
+std::vector<uint8_t> words_swapped(std::vector<uint8_t> b) {
+  for (size_t i = 0; i + 4 <= b.size(); i += 4) std::swap(b[i], b[i + 3]), std::swap(b[i + 1], b[i + 2]);
+  return b;
+}
+
+/// The GGUF image `bytes` rewritten in the other byte order (every number
+/// and every tensor's elements).
+std::vector<uint8_t> gguf_swapped(const std::vector<uint8_t>& bytes) {
+  auto g = model::gguf::file::from_bytes(bytes, "in.gguf").value();
+  model::gguf::writer w;
+  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
+  for (const auto& t : g->tensors()) {
+    std::vector<uint8_t> data(t.data, t.data + t.bytes);
+    kernels::dtype dt;
+    REQUIRE(kernels::dtype_from_ggml(t.type, &dt));
+    kernels::swap_rows(dt, data.data(), static_cast<int>(t.rows()), static_cast<int>(t.ne[0]));
+    w.add_tensor(t.name, t.ne, t.type, std::move(data));
+  }
+  return w.bytes(3, true);
+}
+
+/// `a` (a file of one byte order) and `b` (the same model in the other) give
+/// manifests of the same ranges, each entry's digest that of its own file's
+/// bytes there (XXH3 computed here), and slices that verify.
+void same_ranges(const model::manifest& a, const std::vector<uint8_t>& fa, const model::manifest& b,
+                 const std::vector<uint8_t>& fb) {
+  REQUIRE(a.entries.size() == b.entries.size());
+  CHECK(a.bytes() == b.bytes());
+  for (size_t i = 0; i < a.entries.size(); ++i) {
+    const auto &x = a.entries[i], &y = b.entries[i];
+    INFO(x.name);
+    CHECK(x.name == y.name);
+    CHECK((x.offset == y.offset && x.length == y.length && x.stride == y.stride && x.count == y.count));
+    std::string sx, sy;
+    for (uint64_t k = 0; k < x.count; ++k) {
+      sx.append(reinterpret_cast<const char*>(fa.data() + x.offset + k * x.stride), x.length);
+      sy.append(reinterpret_cast<const char*>(fb.data() + y.offset + k * y.stride), y.length);
+    }
+    CHECK(x.digest == XXH3_64bits(sx.data(), sx.size()));
+    CHECK(y.digest == XXH3_64bits(sy.data(), sy.size()));
+  }
 }
 
 /// Pipeline stages, tensor ranks (column slices of wo and w2), a vocabulary slice.
@@ -260,4 +310,130 @@ TEST_CASE("manifest: shared GGUF models (F32, q8_0) sliced", "[manifest][gguf]")
   auto f = model::model_file::open(test::shared_file("models/stories260K.bin"));
   REQUIRE(f);
   for (const auto& s : specs_of((*f)->cfg())) same_outputs(*f, s);
+}
+
+// A big-endian host (the PS3's PPE, s390x) converts little-endian llama2.c
+// and CSQ8 files in place and GGUF tensors into copies; a little-endian host
+// runs the same conversion on a file written big-endian (force_swap). Each
+// section opens a file the host converts (`foreign`) and the same model in
+// the host's order (`ours`): the manifests are of the same ranges (a slice,
+// not the whole file), each digest of its own file's bytes, so a node of
+// either byte order verifies what it reads from its copy of the file, and
+// the slice alone computes what the converted file computes.
+TEST_CASE("manifest: a file of the other byte order is sliced, digests of the file's own bytes", "[manifest]") {
+  const bool be = model::host_is_big_endian();
+  model::load_options fo, oo;  // how `foreign` and `ours` are opened
+  fo.force_swap = !be;         // big-endian bytes on a little-endian host, and the other way round
+  oo.force_swap = be;
+  auto c = model::synth_preset("stories260k");
+  REQUIRE(c);
+  SECTION("llama2.c") {
+    for (bool shared : {true, false}) {
+      c->shared_classifier = shared;
+      const auto le = model::synth_bytes(*c, 17), swapped = words_swapped(le);
+      const auto& foreign = be ? le : swapped;
+      const auto& ours = be ? swapped : le;
+      auto f = model::model_file::from_bytes(foreign, "foreign.bin", fo);
+      auto g = model::model_file::from_bytes(ours, "ours.bin", oo);
+      REQUIRE(f);
+      REQUIRE(g);
+      CHECK((*f)->swapped());
+      CHECK_FALSE((*g)->swapped());
+      // The image is converted in place, file_image() keeps the file's bytes.
+      CHECK(std::memcmp((*f)->image(), (*g)->image(), le.size()) == 0);
+      REQUIRE((*f)->file_image() != nullptr);
+      CHECK((*f)->file_image() != (*f)->image());
+      CHECK(std::memcmp((*f)->file_image(), foreign.data(), foreign.size()) == 0);
+      CHECK((*g)->file_image() == (*g)->image());
+      for (const auto& s : specs_of(*c)) {
+        auto mf = model::make_manifest(**f, s, "m"), mg = model::make_manifest(**g, s, "m");
+        REQUIRE(mf);
+        REQUIRE(mg);
+        same_ranges(*mf, foreign, *mg, ours);
+        same_outputs(*f, s, model::weight_format::f32, fo);
+        same_outputs(*f, s, model::weight_format::q8_0, fo);
+      }
+    }
+    // A mapped file: file_image() is a second, read-only mapping; a pipeline
+    // stage's slice is its layers (run.c's arithmetic), read with pread.
+    const auto le = model::synth_bytes(*c, 5);
+    const auto foreign = be ? le : words_swapped(le);
+    const std::string path = test::temp_dir("manifest-foreign") + "/foreign.bin";
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(foreign.data()), foreign.size());
+    auto f = model::model_file::open(path, fo);
+    REQUIRE(f);
+    CHECK((*f)->swapped());
+    REQUIRE((*f)->file_image() != nullptr);
+    CHECK((*f)->file_image() != (*f)->image());
+    CHECK(std::memcmp((*f)->file_image(), foreign.data(), foreign.size()) == 0);
+    auto s = model::slice_spec::whole(*c);
+    s.layer_begin = 1;
+    s.layer_end = 2;
+    s.embedding = s.classifier = false;
+    auto m = model::make_manifest(**f, s, "foreign.bin");
+    REQUIRE(m);
+    CHECK(m->bytes() == 28 + c->layer_params() * 4);
+    uint64_t read = 0;
+    auto bytes = model::read_slice_file(*m, path, &read);
+    REQUIRE(bytes);
+    CHECK(read == m->bytes());
+    auto ok = model::verify_slice(*m, bytes->data(), bytes->size(), path);
+    INFO((ok ? std::string() : ok.message()));
+    CHECK(ok);
+    // The slice opened here is a converted sparse image: it has no file
+    // bytes and is not sliced again.
+    auto part = model::open_slice(*m, bytes->data(), bytes->size(), fo);
+    REQUIRE(part);
+    CHECK((*part)->swapped());
+    CHECK((*part)->file_image() == nullptr);
+    auto again = model::make_manifest(**part, s, "foreign.bin");
+    REQUIRE_FALSE(again);
+    CHECK_THAT(again.message(), Catch::Contains("cannot be sliced again"));
+  }
+  SECTION("CSQ8: one entry, the digest of the file's bytes") {
+    auto w = model::model_file::from_bytes(model::synth_bytes(*c, 7), "synth.bin");
+    REQUIRE(w);
+    const auto le = model::quantize_to_bytes(**w).value();
+    const auto foreign = be ? le : model::q8_byte_swapped(le).value();
+    auto q = model::model_file::from_bytes(foreign, "foreign.q8", fo);
+    REQUIRE(q);
+    CHECK((*q)->swapped());
+    CHECK((*q)->file_image() != (*q)->image());
+    auto m = model::make_manifest(**q, model::slice_spec::whole(*c), "foreign.q8");
+    REQUIRE(m);
+    REQUIRE(m->entries.size() == 1);
+    CHECK(m->entries[0].length == foreign.size());
+    CHECK(m->entries[0].digest == XXH3_64bits(foreign.data(), foreign.size()));
+    std::vector<uint8_t> slice(m->bytes());
+    REQUIRE(model::copy_slice_bytes(*m, (*q)->file_image(), 0, slice.size(), slice.data()));
+    CHECK(slice == foreign);
+  }
+  SECTION("GGUF") {
+    model::config gc;
+    gc.dim = 64;
+    gc.hidden_dim = 96;
+    gc.n_layers = 2;
+    gc.n_heads = 4;
+    gc.n_kv_heads = 2;
+    gc.vocab_size = 96;
+    gc.seq_len = 64;
+    const auto le = model::synth_gguf(gc, 3), swapped = gguf_swapped(le);
+    const auto& foreign = be ? le : swapped;
+    const auto& ours = be ? swapped : le;
+    auto f = model::model_file::from_bytes(foreign, "foreign.gguf", fo);
+    auto g = model::model_file::from_bytes(ours, "ours.gguf", oo);
+    INFO((f ? std::string() : f.message()));
+    REQUIRE(f);
+    REQUIRE(g);
+    CHECK((*f)->swapped());
+    CHECK_FALSE((*g)->swapped());
+    CHECK((*f)->file_image() == (*f)->image());  // GGUF converts copies of its tensors, not the image
+    for (const auto& s : specs_of((*g)->cfg())) {
+      auto mf = model::make_manifest(**f, s, "m"), mg = model::make_manifest(**g, s, "m");
+      REQUIRE(mf);
+      REQUIRE(mg);
+      same_ranges(*mf, foreign, *mg, ours);
+      same_outputs(*f, s, model::weight_format::f32, fo);
+    }
+  }
 }

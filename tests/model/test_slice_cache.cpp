@@ -40,7 +40,7 @@ two_slices make() {
   t.b = model::make_manifest(*t.f, s, "synth.bin").value();
   for (auto* p : {&t.a, &t.b}) {
     std::vector<uint8_t> bytes(p->bytes());
-    REQUIRE(model::copy_slice_bytes(*p, t.f->image(), 0, bytes.size(), bytes.data()));
+    REQUIRE(model::copy_slice_bytes(*p, t.f->file_image(), 0, bytes.size(), bytes.data()));
     (p == &t.a ? t.sa : t.sb) = std::move(bytes);
   }
   return t;
