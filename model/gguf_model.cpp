@@ -369,8 +369,12 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
 result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype type) {
   const gguf::file* g = in.gguf();
   if (!g) return make_error(in.path() + ": not a GGUF model (GGUF output needs a GGUF input)");
-  if (g->swapped())
-    return make_error(in.path() + ": quantizing a file of the other byte order is not supported");
+  // The output is little-endian, as the file must be: a big-endian host (where
+  // every little-endian file is swapped()) converts each row to its order to
+  // requantize it and the new blocks back; untouched tensors are the file's bytes.
+  const bool be_host = host_is_big_endian();
+  if (g->swapped() != be_host)
+    return make_error(in.path() + ": quantizing a big-endian GGUF file is not supported");
   if (type != kernels::dtype::q8_0 && type != kernels::dtype::q4_0)
     return make_error(std::string("quantize: type ") + kernels::to_string(type) +
                       " cannot be written, expected q8_0 or q4_0");
@@ -395,12 +399,19 @@ result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype 
     const int cols = static_cast<int>(t.ne[0]);
     const uint64_t rows = t.rows();
     const size_t in_row = kernels::row_bytes(src, cols), out_row = kernels::row_bytes(type, cols);
-    std::vector<uint8_t> out(out_row * rows);
+    std::vector<uint8_t> out(out_row * rows), in_host(be_host ? in_row : 0);
     row.resize(cols);
     for (uint64_t r = 0; r < rows; ++r) {
-      kernels::dequantize_row(src, t.data + r * in_row, row.data(), cols);
+      const uint8_t* in_bytes = t.data + r * in_row;
+      if (be_host) {
+        std::memcpy(in_host.data(), in_bytes, in_row);
+        kernels::swap_rows(src, in_host.data(), 1, cols);
+        in_bytes = in_host.data();
+      }
+      kernels::dequantize_row(src, in_bytes, row.data(), cols);
       kernels::quantize_row(type, row.data(), out.data() + r * out_row, cols);
     }
+    if (be_host) kernels::swap_rows(type, out.data(), static_cast<int>(rows), cols);
     w.add_tensor(t.name, t.ne, kernels::ggml_type_of(type), std::move(out));
   }
   return w.bytes(g->version() == 2 ? 2 : 3, false, g->alignment());
