@@ -236,6 +236,9 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto reduce = topologies::parse_reduce_algorithm(opts.reduce);
   if (!reduce) return reduce.err();
   po.reduce = *reduce;
+  auto sync = topologies::parse_sync_format(opts.sync);
+  if (!sync) return sync.err();
+  po.sync = *sync;
   auto plan = topologies::place(mc, im->host->nodes(), *strat, po);
   if (!plan) return plan.err();
   im->plan = std::move(*plan);

@@ -50,6 +50,7 @@ struct cluster_options {
   int spares = 0;                     // extra nodes held as spares
   std::string topology = "pipeline";  // pipeline | tensor | hybrid:PxT | expert:E | pipeline:P,expert:E (topologies::parse_strategy)
   std::string reduce = "direct";      // tensor groups' all-reduce: direct | scatter (topologies::parse_reduce_algorithm)
+  std::string sync = "f32";           // partial sums on the wire: f32 | q8_0 (topologies::parse_sync_format)
   int expert_replicas = 1;            // expert topologies: R expert nodes hold each expert (--expert-replicas)
   std::string profile = "host";       // host | ps3 | ps3-slim | rpi5
   uint64_t memory = 0;                // per-node budget override in bytes (0: the profile's)

@@ -512,8 +512,21 @@ bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial
   put_u32(f + 28, static_cast<uint32_t>(m.rank));
   if (damaged)  // the damaged wire form verbatim (fault `corrupt`)
     return send_frame(peer, head, frame_head + partial_fields, m.data.damaged_wire.data(), blob_len, nullptr, 0);
-  // The blob's wire form as blob::encode writes it, without copying the floats.
   char* b = head + frame_head + partial_fields;
+  if (m.data.q8) {  // --sync q8_0: the blocks as blob::encode writes them
+    const size_t qb = q8_payload_bytes(n);
+    put_u64(head + 16, partial_fields + blob_head + qb);
+    std::vector<char> q(qb);
+    q8_pack(m.data.data.data(), n, q.data(), false);
+    b[0] = static_cast<char>((host_big_endian() ? 1 : 0) | 2);
+    const uint32_t nn = static_cast<uint32_t>(n);
+    const uint64_t h = XXH64(q.data(), qb, 0);
+    std::memcpy(b + 1, &nn, 4);
+    std::memcpy(b + 5, &h, 8);
+    return send_frame(peer, head, sizeof head, q.data(), qb, nullptr, 0);
+  }
+  // The blob's wire form as blob::encode writes it, without copying the floats.
+
   b[0] = static_cast<char>(host_big_endian() ? 1 : 0);
   const uint32_t nn = static_cast<uint32_t>(n);
   const uint64_t h = XXH64(m.data.data.data(), n * sizeof(float), 0);
@@ -521,6 +534,16 @@ bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial
   std::memcpy(b + 5, &h, 8);
   return send_frame(peer, head, sizeof head, reinterpret_cast<const char*>(m.data.data.data()), n * sizeof(float),
                     nullptr, 0);
+}
+
+void data_plane::deliver_local(uint64_t dest, partial_sum&& m) {
+  caf::actor to;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = local_.find(dest);
+    if (it != local_.end()) to = caf::actor_cast<caf::actor>(it->second);
+  }
+  if (to) caf::anon_send(to, std::move(m));  // an actor that is gone: dropped, as CAF would
 }
 
 void data_plane::accept_loop() {
@@ -576,7 +599,9 @@ void data_plane::read_loop(int fd) {
     // The blob as blob::decode reads it: the sender's byte order, the count,
     // the checksum of the payload as sent.
     const char* b = f + partial_fields;
-    const bool swap = (b[0] != 0) != host_big;
+    const uint8_t flags = static_cast<uint8_t>(b[0]);
+    const bool swap = ((flags & 1) != 0) != host_big;
+    const bool q8 = (flags & 2) != 0;
     uint32_t n;
     uint64_t h;
     std::memcpy(&n, b + 1, 4);
@@ -585,9 +610,25 @@ void data_plane::read_loop(int fd) {
       n = __builtin_bswap32(n);
       h = __builtin_bswap64(h);
     }
-    if (body != partial_fields + blob_head + static_cast<uint64_t>(n) * 4) {
+    const uint64_t payload = q8 ? q8_payload_bytes(n) : static_cast<uint64_t>(n) * 4;
+    if ((flags & ~3u) != 0 || body != partial_fields + blob_head + payload) {
       ++refused_;  // the frame's length disagrees with its blob: the stream cannot be trusted
       break;
+    }
+    if (q8) {  // --sync q8_0 blocks (blob::encode's flags bit 1)
+      std::vector<char> q(payload);
+      if (!read_full(fd, q.data(), q.size())) break;
+      if (XXH64(q.data(), q.size(), 0) != h) {
+        m.data.status = 1;
+      } else {
+        m.data.data.resize(n);
+        q8_unpack(q.data(), n, m.data.data.data(), swap);
+        m.data.q8 = true;
+      }
+      ++received_;
+      bytes_received_ += frame_head + body;
+      deliver_local(dest, std::move(m));
+      continue;
     }
     m.data.data.resize(n);
     if (!read_full(fd, reinterpret_cast<char*>(m.data.data.data()), static_cast<size_t>(n) * 4)) break;
@@ -604,13 +645,7 @@ void data_plane::read_loop(int fd) {
     }
     ++received_;
     bytes_received_ += frame_head + body;
-    caf::actor to;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto it = local_.find(dest);
-      if (it != local_.end()) to = caf::actor_cast<caf::actor>(it->second);
-    }
-    if (to) caf::anon_send(to, std::move(m));  // an actor that is gone: dropped, as CAF would
+    deliver_local(dest, std::move(m));
   }
   ::shutdown(fd, SHUT_RDWR);
 }

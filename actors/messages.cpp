@@ -1,5 +1,8 @@
 #include "actors/messages.hpp"
 
+#include "kernels/backend.hpp"
+
+#include <algorithm>
 #include <cstring>
 #include <xxhash.h>
 
@@ -13,24 +16,29 @@ bool host_big_endian() {
   return b == 0;
 }
 
-std::vector<char> encode_impl(const std::vector<float>& data, bool swap) {
+uint32_t bswap_if(uint32_t v, bool swap) { return swap ? __builtin_bswap32(v) : v; }
+
+std::vector<char> encode_impl(const blob& b, bool swap) {
+  const std::vector<float>& data = b.data;
   const uint32_t n = static_cast<uint32_t>(data.size());
-  std::vector<char> out(1 + 4 + 8 + static_cast<size_t>(n) * 4);
-  out[0] = static_cast<char>(host_big_endian() != swap ? 1 : 0);
-  std::memcpy(out.data() + 13, data.data(), static_cast<size_t>(n) * 4);
-  uint32_t nn = n;
-  if (swap) {
-    nn = __builtin_bswap32(nn);
-    uint32_t* w = reinterpret_cast<uint32_t*>(out.data() + 13);
-    for (uint32_t i = 0; i < n; ++i) {
-      uint32_t v;
-      std::memcpy(&v, out.data() + 13 + 4 * i, 4);
-      v = __builtin_bswap32(v);
-      std::memcpy(out.data() + 13 + 4 * i, &v, 4);
+  const size_t payload = b.q8 ? q8_payload_bytes(n) : static_cast<size_t>(n) * 4;
+  std::vector<char> out(1 + 4 + 8 + payload);
+  out[0] = static_cast<char>((host_big_endian() != swap ? 1 : 0) | (b.q8 ? 2 : 0));
+  if (b.q8) {
+    q8_pack(data.data(), n, out.data() + 13, swap);
+  } else {
+    std::memcpy(out.data() + 13, data.data(), static_cast<size_t>(n) * 4);
+    if (swap) {
+      for (uint32_t i = 0; i < n; ++i) {
+        uint32_t v;
+        std::memcpy(&v, out.data() + 13 + 4 * i, 4);
+        v = __builtin_bswap32(v);
+        std::memcpy(out.data() + 13 + 4 * i, &v, 4);
+      }
     }
-    (void)w;
   }
-  uint64_t h = XXH64(out.data() + 13, static_cast<size_t>(n) * 4, 0);
+  const uint32_t nn = bswap_if(n, swap);
+  uint64_t h = XXH64(out.data() + 13, payload, 0);
   if (swap) h = __builtin_bswap64(h);
   std::memcpy(out.data() + 1, &nn, 4);
   std::memcpy(out.data() + 5, &h, 8);
@@ -38,16 +46,41 @@ std::vector<char> encode_impl(const std::vector<float>& data, bool swap) {
 }
 }  // namespace
 
-std::vector<char> blob::encode() const { return encode_impl(data, false); }
-std::vector<char> blob::encode_swapped() const { return encode_impl(data, true); }
+size_t q8_payload_bytes(size_t n) {
+  return (n + kernels::q8_block_size - 1) / kernels::q8_block_size * sizeof(kernels::q8_block);
+}
+
+void q8_pack(const float* x, size_t n, char* out, bool swap) {
+  kernels::q8_block b;
+  for (size_t at = 0; at < n; at += kernels::q8_block_size, out += sizeof b) {
+    const int cols = static_cast<int>(std::min<size_t>(kernels::q8_block_size, n - at));
+    kernels::quantize_row_q8(x + at, &b, cols);
+    if (swap) b.d = static_cast<uint16_t>((b.d >> 8) | (b.d << 8));
+    std::memcpy(out, &b, sizeof b);
+  }
+}
+
+void q8_unpack(const char* in, size_t n, float* out, bool swap) {
+  kernels::q8_block b;
+  for (size_t at = 0; at < n; at += kernels::q8_block_size, in += sizeof b) {
+    const int cols = static_cast<int>(std::min<size_t>(kernels::q8_block_size, n - at));
+    std::memcpy(&b, in, sizeof b);
+    if (swap) b.d = static_cast<uint16_t>((b.d >> 8) | (b.d << 8));
+    kernels::dequantize_row_q8(&b, out + at, cols);
+  }
+}
+
+std::vector<char> blob::encode() const { return encode_impl(*this, false); }
+std::vector<char> blob::encode_swapped() const { return encode_impl(*this, true); }
 
 blob blob::decode(const std::vector<char>& bytes) {
   blob b;
-  if (bytes.size() < 13) {
+  if (bytes.size() < 13 || (static_cast<uint8_t>(bytes[0]) & ~3u) != 0) {
     b.status = 2;
     return b;
   }
-  const bool sender_big = bytes[0] != 0;
+  const bool sender_big = (bytes[0] & 1) != 0;
+  const bool q8 = (bytes[0] & 2) != 0;
   const bool swap = sender_big != host_big_endian();
   uint32_t n;
   uint64_t h;
@@ -57,16 +90,22 @@ blob blob::decode(const std::vector<char>& bytes) {
     n = __builtin_bswap32(n);
     h = __builtin_bswap64(h);
   }
-  if (bytes.size() != 13 + static_cast<size_t>(n) * 4) {
+  const size_t payload = q8 ? q8_payload_bytes(n) : static_cast<size_t>(n) * 4;
+  if (bytes.size() != 13 + payload) {
     b.status = 2;
     return b;
   }
   // The checksum covers the payload as sent, before any conversion.
-  if (XXH64(bytes.data() + 13, static_cast<size_t>(n) * 4, 0) != h) {
+  if (XXH64(bytes.data() + 13, payload, 0) != h) {
     b.status = 1;
     return b;
   }
   b.data.resize(n);
+  b.q8 = q8;
+  if (q8) {
+    q8_unpack(bytes.data() + 13, n, b.data.data(), swap);
+    return b;
+  }
   std::memcpy(b.data.data(), bytes.data() + 13, static_cast<size_t>(n) * 4);
   if (swap) {
     for (auto& f : b.data) {
@@ -87,6 +126,7 @@ program_op to_wire(const topologies::shard_step& s) {
   w.part = static_cast<int32_t>(s.part);
   w.partial = s.partial;
   w.algorithm = static_cast<int32_t>(s.algorithm);
+  w.sync = static_cast<int32_t>(s.sync);
   w.peers.assign(s.peers.begin(), s.peers.end());
   w.vocab_begin = s.vocab.begin;
   w.vocab_end = s.vocab.end;
@@ -107,12 +147,15 @@ result<topologies::shard_step> from_wire(const program_op& w) {
     return make_error("layer part " + std::to_string(w.part) + " unknown to this build");
   if (w.algorithm < 0 || w.algorithm >= static_cast<int32_t>(reduce_algorithm::count))
     return make_error("reduce algorithm " + std::to_string(w.algorithm) + " unknown to this build");
+  if (w.sync < 0 || w.sync >= static_cast<int32_t>(sync_format::count))
+    return make_error("sync format " + std::to_string(w.sync) + " unknown to this build");
   shard_step s;
   s.op = static_cast<shard_op>(w.op);
   s.layers = range{w.layer_begin, w.layer_end};
   s.part = static_cast<layer_part>(w.part);
   s.partial = w.partial;
   s.algorithm = static_cast<reduce_algorithm>(w.algorithm);
+  s.sync = static_cast<sync_format>(w.sync);
   s.peers.assign(w.peers.begin(), w.peers.end());
   s.vocab = range{w.vocab_begin, w.vocab_end};
   size_t at = 0;

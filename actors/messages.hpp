@@ -65,15 +65,33 @@ struct blob {
   /// instead of encode() when the blob crosses a process boundary, so the
   /// receiving process finds the checksum mismatch itself. Empty normally.
   std::vector<char> damaged_wire;
+  /// `--sync q8_0` (topologies::sync_format): `data` is on the q8_0 grid
+  /// (kernels::round_to_q8, done by the sender before it uses or sends the
+  /// values) and crosses a process as q8_0 blocks; decode() sets it again.
+  /// Rounding is idempotent, so the receiver gets exactly `data`. A blob
+  /// with q8 set whose data is not on the grid is sent rounded.
+  bool q8 = false;
 
-  /// The wire form: [u8 big_endian][u32 count][u64 xxh64 of payload][payload].
-  /// Count and checksum are written in the sender's byte order too.
+  /// The wire form: [u8 flags][u32 count][u64 xxh64 of payload][payload].
+  /// flags bit 0: the sender is big-endian; bit 1: the payload is q8_0
+  /// (protocol 8): ceil(count / 32) blocks of [u16 binary16 scale][32 x i8]
+  /// (ggml block_q8_0, 34 bytes; the last block zero-padded), else count
+  /// floats. Count, checksum, floats and scales in the sender's byte order.
   std::vector<char> encode() const;
   /// Parses a wire form (converting byte order, verifying the checksum).
   static blob decode(const std::vector<char>& bytes);
   /// Test hook: encode as if the host had the other byte order.
   std::vector<char> encode_swapped() const;
 };
+
+/// q8_0 payloads (blob::q8, the data plane's frames): bytes of `n` floats as
+/// blocks; `n` floats rounded and packed as ceil(n/32) blocks of ggml's
+/// block_q8_0 at `out` (scales byte-swapped when `swap`); and back (`in` from
+/// a sender of the other byte order when `swap`). No checks: the caller has
+/// q8_payload_bytes(n) bytes.
+size_t q8_payload_bytes(size_t n);
+void q8_pack(const float* x, size_t n, char* out, bool swap);
+void q8_unpack(const char* in, size_t n, float* out, bool swap);
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, blob& x) {
@@ -187,6 +205,7 @@ struct program_op {
   int32_t part = 0;       // topologies::layer_part
   bool partial = false;
   int32_t algorithm = 0;  // topologies::reduce_algorithm
+  int32_t sync = 0;       // topologies::sync_format (protocol 8)
   std::vector<int32_t> peers;
   int32_t vocab_begin = 0, vocab_end = 0;
   // Expert placement (issue #23): dispatch/combine's holders, flattened
@@ -198,7 +217,7 @@ struct program_op {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, program_op& x) {
   return f(caf::meta::type_name("program_op"), x.op, x.layer_begin, x.layer_end, x.part, x.partial, x.algorithm,
-           x.peers, x.vocab_begin, x.vocab_end, x.holders, x.holders_len, x.experts);
+           x.sync, x.peers, x.vocab_begin, x.vocab_end, x.holders, x.holders_len, x.experts);
 }
 program_op to_wire(const topologies::shard_step& s);
 /// Errors: an op, part or algorithm value this build does not know (a newer
@@ -417,7 +436,7 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 7;  // 2: fault plans in shard_spawn, daemon heartbeats;
+constexpr uint32_t node_protocol_version = 8;  // 2: fault plans in shard_spawn, daemon heartbeats;
                                                // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options;
                                                // 4: shard programs in wiring (issue #15);
                                                // 5: expert placement (issue #23): expert_req/expert_out,
@@ -430,6 +449,8 @@ constexpr uint32_t node_protocol_version = 7;  // 2: fault plans in shard_spawn,
                                                // 7: slice_room_ask/slice_room (a node without room is not
                                                //    used), slice_ack (shipping with chunks in flight),
                                                //    cache figures in node_report, ship_ns in shard_spawned
+                                               // 8: --sync q8_0 (issue #19): sync in program_op, q8_0
+                                               //    blobs (flags bit 1), q8_0 data-plane frames
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {

@@ -2,6 +2,7 @@
 
 #include "actors/data_plane.hpp"
 #include "actors/worker.hpp"
+#include "kernels/backend.hpp"
 #include "model/moe.hpp"
 #include "supervision/fault_hooks.hpp"
 
@@ -217,7 +218,17 @@ struct shard_state {
 
 using shard_actor = caf::stateful_actor<shard_state>;
 
-uint64_t payload_bytes(const blob& b) { return b.data.size() * sizeof(float); }
+uint64_t payload_bytes(const blob& b) {
+  return b.q8 ? q8_payload_bytes(b.data.size()) : b.data.size() * sizeof(float);
+}
+
+/// `--sync q8_0`: rounds a partial sum (or a reduced chunk) onto the q8_0
+/// grid before its sender uses or sends it (topologies::sync_format).
+void to_sync_format(blob& b, topologies::sync_format f) {
+  if (f != topologies::sync_format::q8_0) return;
+  kernels::round_to_q8(b.data.data(), b.data.size());
+  b.q8 = true;
+}
 
 void report(shard_actor* self, const caf::actor& to, const step_id& id, std::string msg,
             bool retry = false) {
@@ -529,6 +540,7 @@ bool reduce_direct(shard_actor* self, uint64_t session, session_state& ss, int m
   if (parts.size() != static_cast<size_t>(T)) parts.resize(T);
   if (!ss.shared) {
     ss.shared = true;
+    to_sync_format(ss.own, op.sync);
     partial_sum p{ss.id, layer, phase, me, ss.own};
     for (int r = 0; r < T; ++r) {
       if (r == me) continue;
@@ -594,28 +606,48 @@ bool reduce_scatter_gather(shard_actor* self, uint64_t session, session_state& s
         if (r == me) continue;
         partial_sum p{ss.id, layer, phase, me, blob{}};
         p.data.data = chunk_rows(ss.own.data, count, dim, chunks[static_cast<size_t>(r)]);
+        to_sync_format(p.data, op.sync);
         send_peer(r, std::move(p));
       }
       parts[me].data = chunk_rows(ss.own.data, count, dim, mine);
+      to_sync_format(parts[me], op.sync);
       ss.own = blob{};
     }
     const size_t m = static_cast<size_t>(mine.size());
     for (int r = 0; r < T; ++r)
       if (parts[r].data.size() != static_cast<size_t>(count) * m) return false;  // wait for rank r's chunk
-    for (int i = 0; i < count; ++i) {
-      float* x = ss.x.data() + static_cast<size_t>(i) * dim + mine.begin;
-      const size_t row = static_cast<size_t>(i) * m;
-      for (size_t e = 0; e < m; ++e) {
-        float acc = parts[0].data[row + e];
-        for (int r = 1; r < T; ++r) acc += parts[r].data[row + e];
-        x[e] += acc;
+    ss.gathered = true;
+    partial_sum fin{ss.id, layer, phase + gather_phase, me, blob{}};
+    if (op.sync == topologies::sync_format::f32) {
+      for (int i = 0; i < count; ++i) {
+        float* x = ss.x.data() + static_cast<size_t>(i) * dim + mine.begin;
+        const size_t row = static_cast<size_t>(i) * m;
+        for (size_t e = 0; e < m; ++e) {
+          float acc = parts[0].data[row + e];
+          for (int r = 1; r < T; ++r) acc += parts[r].data[row + e];
+          x[e] += acc;
+        }
+      }
+      // All-gather: the finished chunk to every other rank.
+      fin.data.data = chunk_rows(ss.x, count, dim, mine);
+    } else {
+      // q8_0: the chunk's sum (rank order), rounded, is what every rank adds
+      // to its x, this one too (x itself is never rounded).
+      std::vector<float> sum(static_cast<size_t>(count) * m);
+      for (size_t e = 0; e < sum.size(); ++e) {
+        float acc = parts[0].data[e];
+        for (int r = 1; r < T; ++r) acc += parts[r].data[e];
+        sum[e] = acc;
+      }
+      fin.data.data = std::move(sum);
+      to_sync_format(fin.data, op.sync);
+      for (int i = 0; i < count; ++i) {
+        float* x = ss.x.data() + static_cast<size_t>(i) * dim + mine.begin;
+        const float* a = fin.data.data.data() + static_cast<size_t>(i) * m;
+        for (size_t e = 0; e < m; ++e) x[e] += a[e];
       }
     }
     st.partials.erase(skey);
-    // All-gather: the finished chunk to every other rank.
-    ss.gathered = true;
-    partial_sum fin{ss.id, layer, phase + gather_phase, me, blob{}};
-    fin.data.data = chunk_rows(ss.x, count, dim, mine);
     for (int r = 0; r < T; ++r)
       if (r != me) send_peer(r, fin);
   }
@@ -628,10 +660,14 @@ bool reduce_scatter_gather(shard_actor* self, uint64_t session, session_state& s
   for (int r = 0; r < T; ++r) {
     if (r == me) continue;
     const topologies::range c = chunks[static_cast<size_t>(r)];
-    for (int i = 0; i < count; ++i)
-      std::copy(got[r].data.begin() + static_cast<std::ptrdiff_t>(i) * c.size(),
-                got[r].data.begin() + static_cast<std::ptrdiff_t>(i + 1) * c.size(),
-                ss.x.begin() + static_cast<std::ptrdiff_t>(i) * dim + c.begin);
+    for (int i = 0; i < count; ++i) {
+      const float* from = got[r].data.data() + static_cast<size_t>(i) * c.size();
+      float* x = ss.x.data() + static_cast<size_t>(i) * dim + c.begin;
+      if (op.sync == topologies::sync_format::f32)
+        std::copy(from, from + c.size(), x);  // the finished chunk
+      else
+        for (int e = 0; e < c.size(); ++e) x[e] += from[e];  // q8_0: the chunk's sum
+    }
   }
   st.partials.erase(gkey);
   return true;

@@ -147,6 +147,15 @@ void quantize_row_q8(const float* x, q8_block* out, int cols) {
   }
 }
 
+void round_to_q8(float* x, size_t n) {
+  q8_block b;
+  for (size_t at = 0; at < n; at += q8_block_size) {
+    const int cols = static_cast<int>(std::min<size_t>(q8_block_size, n - at));
+    quantize_row_q8(x + at, &b, cols);
+    dequantize_row_q8(&b, x + at, cols);
+  }
+}
+
 void dequantize_row_q8(const q8_block* in, float* out, int cols) {
   for (int c = 0; c < cols; ++c) {
     const q8_block& b = in[c / q8_block_size];

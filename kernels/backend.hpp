@@ -199,6 +199,14 @@ float fp16_to_fp32(uint16_t h);
 void quantize_row_q8(const float* x, q8_block* out, int cols);
 /// Expands one q8 row back to `cols` floats.
 void dequantize_row_q8(const q8_block* in, float* out, int cols);
+/// Rounds `n` floats in place onto the q8_0 grid: quantize_row_q8 over
+/// blocks of 32 consecutive floats (the last zero-padded), then
+/// dequantize_row_q8. Idempotent for finite input whose block maxima stay
+/// below 127 x 65504 (the scale's binary16 range): a second rounding
+/// returns the same bits, so a receiver dequantizing the blocks a sender
+/// makes of rounded values sees exactly the sender's values (`--sync q8_0`,
+/// issue #19). Thread safe (no state).
+void round_to_q8(float* x, size_t n);
 
 /// Caps the threads OpenBLAS uses (openblas_set_num_threads); 0 leaves it.
 /// Does nothing in a build without OpenBLAS.

@@ -176,6 +176,10 @@ void add_bench(CLI::App& app, int& status) {
       ->capture_default_str();
   pb->add_option("--out", pc->out, "with --cluster: working folder (kept; a dllama build there is reused)");
   pb->add_option("--reduce", pc->reduce, "with --cluster: cellshard's --reduce (default: run's default)");
+  pb->add_option("--sync", pc->sync, "with --cluster: partial sums on the wire for both: f32, or q8_0 (cellshard "
+                 "--sync q8_0 against distributed-llama --buffer-float-type q80)")
+      ->check(CLI::IsMember({"f32", "q8_0"}))
+      ->capture_default_str();
   pb->add_option("--caf-idle", pc->idle, "with --cluster: idle-worker policies of cellshard's processes to compare "
                  "(poll, wake; CELLSHARD_CAF_IDLE)")->delimiter(',')->capture_default_str();
   pb->add_option("--data-plane", pc->data, "with --cluster: where the daemons' partial sums go, to compare "
@@ -198,7 +202,7 @@ void add_bench(CLI::App& app, int& status) {
       return;
     }
     for (const char* f : {"--dllama", "--converter", "--config", "--nodes", "--out", "--reduce", "--no-pipeline",
-                          "--caf-idle"})
+                          "--caf-idle", "--sync"})
       if (pb->count(f) > 0) throw cli_error(std::string(f) + " needs --cluster", 2);
     status = run_peers_bench(*pe, rows);
     const std::string j = print_rows(rows);

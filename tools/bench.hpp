@@ -175,10 +175,14 @@ struct peers_cluster_bench_options {
   bool pipeline = true;
   bool keep = false;
   std::string reduce;                  // passed to cellshard run --reduce when not empty
+  /// Tensor partial sums on the wire for both systems: "f32" (cellshard
+  /// --sync f32, distributed-llama --buffer-float-type f32) or "q8_0"
+  /// (--sync q8_0 against --buffer-float-type q80); rows get "_q8_0".
+  std::string sync = "f32";
   /// Idle-worker policies of cellshard's daemons and front end
   /// (CELLSHARD_CAF_IDLE: poll or wake, actors/tls.hpp); one daemon set and
-  /// one contender per topology each.
-  std::vector<std::string> idle = {"poll"};
+  /// one contender per topology each. Default: wake, the runtime's default.
+  std::vector<std::string> idle = {"wake"};
   /// Where the daemons' tensor partial sums go (CELLSHARD_DATA_PLANE: socket,
   /// the data plane of actors/data_plane.hpp, or caf); one daemon set and one
   /// contender per topology for every (idle, data) pair.

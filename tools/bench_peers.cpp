@@ -475,7 +475,8 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         break;
       }
       std::string dcmd = quote(dllama) + " inference --model " + quote(dm) + " --tokenizer " + quote(dt) +
-                         " --buffer-float-type f32 --nthreads 1 --steps " + std::to_string(o.steps) +
+                         " --buffer-float-type " + std::string(o.sync == "q8_0" ? "q80" : "f32") +
+                         " --nthreads 1 --steps " + std::to_string(o.steps) +
                          " --prompt '' --temperature 0 --net-turbo 0";
       if (!workers.addresses().empty()) {
         dcmd += " --workers";
@@ -534,7 +535,7 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
                                  " run -q -m " + quote(model) + " -z " + quote(mtok) + " --cluster " +
                                  quote(cfiles[k]) + " -t 0 -n " + std::to_string(o.steps) +
                                  " --kernels native --threads 1" +
-                                 (o.reduce.empty() ? "" : " --reduce " + quote(o.reduce)) + " --json " +
+                                 (o.reduce.empty() ? "" : " --reduce " + quote(o.reduce)) + " --sync " + o.sync + " --json " +
                                  quote(dir + "/run.json");
         const std::string& tag = vs[k].tag;
         if (n == 1) cs.push_back({"cellshard" + tag, ccmd, false, {}});
@@ -609,6 +610,7 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         bench_row row;
         row.name = std::string("peers_cluster_") + (n == 1 ? "1" : tensor ? "tensor" + std::to_string(n)
                                                                           : "pipeline" + std::to_string(n));
+        if (o.sync != "f32") row.name += "_" + o.sync;
         for (const auto& v : vs)  // the variant's tag ends the contender's name
           if (!v.tag.empty() && c.name.size() > v.tag.size() &&
               c.name.compare(c.name.size() - v.tag.size(), v.tag.size(), v.tag) == 0) {
@@ -619,6 +621,7 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
           }
         row.params = {{"processes", std::to_string(n)},
                       {"steps", std::to_string(o.steps)},
+                      {"sync", o.sync},
                       {"rounds", std::to_string(c.s.size())},
                       {"goal", n >= 2 && tensor ? "1.2x" : "-"},
                       {"cs_tpot_ms", f(median(tpot), 1)},

@@ -58,6 +58,13 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
           ->check(CLI::IsMember({"direct", "scatter"}))
           ->capture_default_str()
           ->group(g),
+      cmd->add_option("--sync", o.sync,
+                      "partial sums of tensor groups on the wire: f32 (exact) or q8_0 (ggml's block_q8_0, "
+                      "34 bytes per 32 floats; a tolerance mode: ids agree with f32's at the rate "
+                      "docs/distributed.md gives)")
+          ->check(CLI::IsMember({"f32", "q8_0"}))
+          ->capture_default_str()
+          ->group(g),
       cmd->add_option("--expert-replicas", o.expert_replicas,
                       "expert topologies: each expert on R of its stage's E expert nodes (1..E)")
           ->capture_default_str()
@@ -172,6 +179,7 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
   co.spares = o.spares;
   co.topology = o.topology;
   co.reduce = o.reduce;
+  co.sync = o.sync;
   co.expert_replicas = o.expert_replicas;
   if (auto strat = topologies::parse_strategy(o.topology); strat && strat->kind == topologies::strategy_kind::expert) {
     const auto& c = lm.file->cfg();

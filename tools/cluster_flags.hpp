@@ -36,6 +36,7 @@ struct cluster_flags {
   int nodes = 1, spares = 0, caf_threads = 2;
   std::string topology = "pipeline", profile = "host", memory;
   std::string reduce = "direct";  // --reduce: tensor groups' all-reduce (direct | scatter)
+  std::string sync = "f32";       // --sync: partial sums on the wire (f32 | q8_0, topologies::sync_format)
   int expert_replicas = 1;  // --expert-replicas R (expert topologies, issue #23)
   bool print_placement = false;
   // Faults and recovery (issue #6).

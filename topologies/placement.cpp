@@ -578,6 +578,8 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
   if (opt.sessions < 1) return make_error("sessions must be at least 1, not " + std::to_string(opt.sessions));
   if (opt.reduce != reduce_algorithm::direct_rank_order && opt.reduce != reduce_algorithm::scatter_gather)
     return make_error("reduce algorithm " + std::to_string(static_cast<int>(opt.reduce)) + " unknown");
+  if (opt.sync != sync_format::f32 && opt.sync != sync_format::q8_0)
+    return make_error("sync format " + std::to_string(static_cast<int>(opt.sync)) + " unknown");
   if (!(opt.weights.bytes_per_weight > 0) || opt.weights.block < 1) {
     return make_error("weight format '" + opt.weights.name + "' needs positive bytes per weight and block");
   }
@@ -746,15 +748,28 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
                                     std::vector<int>(first.begin() + 1, first.end()), x_bytes});
   }
   // An all-reduce: its largest message and the busiest rank's bytes.
-  uint64_t reduce_message = x_bytes, reduce_rank = 0;
+  uint64_t reduce_message = sync_payload_bytes(opt.sync, static_cast<uint64_t>(cfg.dim)), reduce_rank = 0;
   if (T > 1) {
+    const auto chunks = reduce_chunks(cfg.dim, T);
     if (opt.reduce == reduce_algorithm::scatter_gather) {
       reduce_message = 0;
-      for (const range& c : reduce_chunks(cfg.dim, T))
-        reduce_message = std::max<uint64_t>(reduce_message, static_cast<uint64_t>(c.size()) * sizeof(float));
+      for (const range& c : chunks)
+        reduce_message = std::max(reduce_message, sync_payload_bytes(opt.sync, static_cast<uint64_t>(c.size())));
     }
-    for (int r = 0; r < T; ++r)
-      reduce_rank = std::max(reduce_rank, reduce_floats_sent(opt.reduce, cfg.dim, T, r) * sizeof(float));
+    for (int r = 0; r < T; ++r) {
+      uint64_t sent = 0;
+      if (opt.sync == sync_format::f32) {
+        sent = reduce_floats_sent(opt.reduce, cfg.dim, T, r) * sizeof(float);
+      } else if (opt.reduce == reduce_algorithm::scatter_gather) {  // message by message: blocks round up
+        for (int o = 0; o < T; ++o)
+          if (o != r) sent += sync_payload_bytes(opt.sync, static_cast<uint64_t>(chunks[static_cast<size_t>(o)].size()));
+        sent += static_cast<uint64_t>(T - 1) *
+                sync_payload_bytes(opt.sync, static_cast<uint64_t>(chunks[static_cast<size_t>(r)].size()));
+      } else {
+        sent = static_cast<uint64_t>(T - 1) * sync_payload_bytes(opt.sync, static_cast<uint64_t>(cfg.dim));
+      }
+      reduce_rank = std::max(reduce_rank, sent);
+    }
   }
   for (const stage& sg : p.stages) {
     if (T > 1) {
@@ -855,6 +870,7 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index) {
         r.layers = range{l, l + 1};
         r.part = part;
         r.algorithm = p.options.reduce;
+        r.sync = p.options.sync;
         r.peers = sg.shards;
         prog.push_back(std::move(r));
       }
@@ -954,6 +970,7 @@ result<void> check_program(const shard& s, const std::vector<shard_step>& progra
           return bad(i, "a reduce follows the partial compute of its layer half");
         if (op.algorithm != reduce_algorithm::direct_rank_order && op.algorithm != reduce_algorithm::scatter_gather)
           return bad(i, "unknown reduce algorithm");
+        if (op.sync != sync_format::f32 && op.sync != sync_format::q8_0) return bad(i, "unknown sync format");
         if (std::find(op.peers.begin(), op.peers.end(), s.index) == op.peers.end())
           return bad(i, "the reduce's peers do not include the shard itself");
         if (op.peers.size() != static_cast<size_t>(s.group_size))
@@ -1046,6 +1063,26 @@ result<reduce_algorithm> parse_reduce_algorithm(std::string_view text) {
   return make_error("--reduce '" + std::string(text) + "': expected direct or scatter");
 }
 
+result<sync_format> parse_sync_format(std::string_view text) {
+  if (text == "f32") return sync_format::f32;
+  if (text == "q8_0") return sync_format::q8_0;
+  return make_error("--sync '" + std::string(text) + "': expected f32 or q8_0");
+}
+
+std::string to_string(sync_format f) {
+  switch (f) {
+    case sync_format::f32: return "f32";
+    case sync_format::q8_0: return "q8_0";
+    case sync_format::count: break;
+  }
+  return "?";
+}
+
+uint64_t sync_payload_bytes(sync_format f, uint64_t floats) {
+  if (f == sync_format::q8_0) return (floats + 31) / 32 * 34;  // ggml block_q8_0: 2-byte scale + 32 int8
+  return floats * sizeof(float);
+}
+
 std::vector<range> reduce_chunks(int dim, int t) { return split_even(dim, std::max(t, 1)); }
 
 uint64_t reduce_floats_sent(reduce_algorithm a, int dim, int t, int rank) {
@@ -1066,7 +1103,8 @@ std::string to_string(const shard_step& s) {
       break;
     case shard_op::reduce:
       out += " layer " + std::to_string(s.layers.begin) + " " + to_string(s.part) + " over " + list_of(s.peers) +
-             " (" + to_string(s.algorithm) + ")";
+             " (" + to_string(s.algorithm) + (s.sync == sync_format::f32 ? "" : ", " + to_string(s.sync) + " sync") +
+             ")";
       break;
     case shard_op::embed:
     case shard_op::forward:

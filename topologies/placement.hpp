@@ -196,6 +196,30 @@ enum class reduce_algorithm {
 };
 /// "direct" or "scatter" (as `--reduce`).
 result<reduce_algorithm> parse_reduce_algorithm(std::string_view text);
+/// What a reduce's partial sums are when they travel (`--sync`, issue #19).
+enum class sync_format {
+  /// The floats as computed: every fixture exact.
+  f32,
+  /// Every partial sum (and scatter_gather's reduced chunk) is rounded onto
+  /// the q8_0 grid (kernels::round_to_q8: blocks of 32 consecutive floats,
+  /// each scaled by a binary16 max|x|/127, ggml's block_q8_0) by its sender,
+  /// which keeps the rounded values for itself too; it crosses a process as
+  /// 34-byte blocks per 32 floats (4/34 of the bytes of f32, plus padding).
+  /// Every rank sums the same rounded values in rank order, so all ranks
+  /// hold the same x and a run repeats bit for bit, but the ids are a
+  /// tolerance mode: they agree with f32's at the rate docs/distributed.md
+  /// gives. scatter_gather's all-gather then carries the reduced sum of the
+  /// chunk (added to x by every rank, the owner too) instead of the finished
+  /// chunk of x, so that x itself is never rounded.
+  q8_0,
+  count
+};
+/// "f32" or "q8_0" (as `--sync`).
+result<sync_format> parse_sync_format(std::string_view text);
+std::string to_string(sync_format f);
+/// Bytes one message of `floats` partial-sum floats carries in format `f`
+/// (payload only): 4 x floats, or 34 x ceil(floats / 32).
+uint64_t sync_payload_bytes(sync_format f, uint64_t floats);
 /// The chunks of a vector of `dim` floats that the ranks of a group of `t`
 /// own in scatter_gather: split_even(dim, t), chunk r to rank r.
 std::vector<range> reduce_chunks(int dim, int t);
@@ -210,6 +234,9 @@ struct placement_options {
   /// How every tensor group's reduces run (each reduce op's `algorithm`, and
   /// the all-reduce exchange steps' bytes).
   reduce_algorithm reduce = reduce_algorithm::direct_rank_order;
+  /// What every reduce's partial sums are on the wire (each reduce op's
+  /// `sync`, and the all-reduce exchange steps' bytes).
+  sync_format sync = sync_format::f32;
   /// When false, place() returns a placement even if shards exceed their
   /// budgets (for --print-placement and the planner); check with fits() /
   /// check_memory().
@@ -272,6 +299,7 @@ struct shard_step {
   /// reduce that follows adds up.
   bool partial = false;
   reduce_algorithm algorithm = reduce_algorithm::direct_rank_order;
+  sync_format sync = sync_format::f32;  // reduce: the partial sums' format (sync_format)
   /// Placement indices: embed and forward send to them, in this order; a
   /// reduce sums their partials in this order (the group in rank order).
   std::vector<int> peers;

@@ -1,10 +1,12 @@
 // The raw-blob payload encoding: round trip through CAF's binary serializer,
 // the byte-order conversion path, and checksum failures.
 #include "actors/messages.hpp"
+#include "kernels/backend.hpp"
 #include "tests/support.hpp"
 
 #include <caf/all.hpp>
 
+#include <cmath>
 #include <cstring>
 
 using namespace cellshard;
@@ -130,4 +132,47 @@ TEST_CASE("a shard program op round-trips through its wire form and unknown valu
   bad = back.program[0];
   bad.algorithm = 7;
   CHECK(actors::from_wire(bad).message() == "reduce algorithm 7 unknown to this build");
+}
+
+// --sync q8_0 (protocol 8): flags bit 1, ggml block_q8_0 blocks as payload.
+TEST_CASE("a q8_0 blob travels as block_q8_0 blocks and decodes to the sender's values",
+          "[actors][blob][sync]") {
+  actors::blob x;
+  x.data = sample_floats(70);  // -3, -2.75, ..., 14.25: blocks of 32, 32 and 6
+  kernels::round_to_q8(x.data.data(), x.data.size());
+  x.q8 = true;
+  const auto bytes = x.encode();
+  REQUIRE(bytes.size() == 13 + 3 * 34);
+  CHECK((bytes[0] & 2) != 0);
+  uint32_t n;
+  std::memcpy(&n, bytes.data() + 1, 4);
+  CHECK(n == 70);
+  // Block 1 holds 5, 5.25, ..., 12.75 of the original ramp (max 12.75):
+  // q = value / (12.75 / 127) to the nearest integer (within half a step;
+  // 6.0 falls on a tie), and the last one is 127.
+  const char* b1 = bytes.data() + 13 + 34;
+  for (int i = 0; i < 32; ++i) {
+    const double v = (32 + i) * 0.25 - 3.0;
+    INFO("value " << v);
+    CHECK(std::fabs(static_cast<int8_t>(b1[2 + i]) - v / (12.75 / 127.0)) <= 0.5 + 1e-4);
+  }
+  CHECK(static_cast<int8_t>(b1[2 + 31]) == 127);
+  // The last block's padding is zero.
+  const char* b2 = bytes.data() + 13 + 68;
+  for (int i = 6; i < 32; ++i) CHECK(b2[2 + i] == 0);
+  auto y = actors::blob::decode(bytes);
+  REQUIRE(y.ok());
+  CHECK(y.q8);
+  CHECK(y.data == x.data);
+  // From a host of the other byte order: the scales are swapped, values the same.
+  auto z = actors::blob::decode(x.encode_swapped());
+  REQUIRE(z.ok());
+  CHECK(z.data == x.data);
+  // A flipped bit fails the checksum; an unknown flag is malformed.
+  auto bad = bytes;
+  bad[13 + 40] ^= 0x01;
+  CHECK(actors::blob::decode(bad).status == 1);
+  bad = bytes;
+  bad[0] = static_cast<char>(bad[0] | 4);
+  CHECK(actors::blob::decode(bad).status == 2);
 }

@@ -125,3 +125,38 @@ TEST_CASE("q8_0 quantize/dequantize follow the block definition", "[kernels][for
     }
   }
 }
+
+TEST_CASE("round_to_q8 puts floats on the q8_0 grid, once and for all", "[kernels][formats]") {
+  // By hand: max |x| = 127 gives the scale 1 (exact in binary16), so each
+  // value becomes its nearest integer (halves away from zero).
+  std::vector<float> hand = {127.0f, -63.5f, 1.25f, -0.5f, 2.75f};
+  round_to_q8(hand.data(), hand.size());
+  CHECK(hand == std::vector<float>{127.0f, -64.0f, 1.0f, -1.0f, 3.0f});
+
+  cellshard::test::rng r(11);
+  for (size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{75}, size_t{768}}) {
+    std::vector<float> x(n);
+    cellshard::test::fill(r, x.data(), static_cast<int>(n), -40.0f, 40.0f);
+    std::vector<float> y = x;
+    round_to_q8(y.data(), n);
+    // Independent math: per 32 consecutive floats, the binary16 scale of
+    // max|x| / 127 (half_bits) times x / (max|x| / 127) rounded, in double.
+    for (size_t b = 0; b < n; b += 32) {
+      const size_t e = std::min(n, b + 32);
+      float amax = 0;
+      for (size_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float d = amax / 127.0f;
+      const double scale = half_value(half_bits(d));
+      for (size_t i = b; i < e; ++i) {
+        INFO("n " << n << " i " << i);
+        const double q = std::round(static_cast<double>(x[i]) / d);
+        CHECK(std::fabs(q) <= 127);
+        CHECK(y[i] == static_cast<float>(scale * q));
+      }
+    }
+    // A second rounding changes no bit (what the receiver of --sync q8_0 relies on).
+    std::vector<float> z = y;
+    round_to_q8(z.data(), n);
+    CHECK(std::memcmp(z.data(), y.data(), n * sizeof(float)) == 0);
+  }
+}

@@ -341,3 +341,36 @@ TEST_CASE("daemons shape their links as in-process nodes do, and the front end m
   want.resize(out->result.ids.size());
   CHECK(out->result.ids == want);
 }
+
+// --sync q8_0 (issue #19) over daemons: the partial sums cross processes as
+// q8_0 blocks (the data plane's frames) and every receiver dequantizes
+// exactly what the sender summed itself, so a greedy fixture's text over 4
+// daemons equals the in-process run's with the same sync, for both reduces.
+TEST_CASE("--sync q8_0 over 4 node processes gives the in-process q8_0 ids", "[net][sync]") {
+  if (!test::have_shared()) return;
+  four_nodes c("net-sync-q8");
+  const std::string file = test::write_cluster_file(c.dir + "/cluster.json", c.ports);
+  const std::string m = test::shared_file("models/stories260K.bin");
+  const std::string z = test::shared_file("models/tok512.bin");
+  for (const char* topo : {"tensor", "hybrid:2x2"}) {
+    for (const char* reduce : {"direct", "scatter"}) {
+      std::vector<std::string> base = {test::cellshard_bin(), "run", "-m", m, "-z", z, "-n", "100", "-t", "0",
+                                       "-i", "Lily and Tom", "--topology", topo, "--reduce", reduce,
+                                       "--sync", "q8_0"};
+      auto local = base;
+      local.insert(local.end(), {"--nodes", "4"});
+      auto remote = base;
+      remote.insert(remote.end(), {"--cluster", file});
+      auto a = test::run_command(local, 60);
+      auto b = test::run_command(remote, 60);
+      std::string logs;
+      for (auto& n : c.nodes) logs += n->log();
+      INFO(topo << " " << reduce << "\nin process: " << a.err << "\nover daemons: " << b.err << "\nnode logs:\n"
+                << logs);
+      REQUIRE(a.status == 0);
+      REQUIRE(b.status == 0);
+      CHECK(!a.out.empty());
+      CHECK(b.out == a.out);
+    }
+  }
+}

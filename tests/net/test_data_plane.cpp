@@ -3,6 +3,7 @@
 // a dialler without the key refused, and a link whose peer is gone falling
 // back to CAF (send() false) and asking again.
 #include "actors/data_plane.hpp"
+#include "kernels/backend.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -112,6 +113,31 @@ TEST_CASE("data plane: partial sums between two planes keep their fields, checks
   CHECK(got_big.data.data == big.data.data);
   CHECK((*a)->stats().frames_sent == 5);
   CHECK((*b)->stats().frames_received == 5);
+
+  // --sync q8_0: values on the q8_0 grid travel as blocks (34 bytes per 32
+  // floats) and arrive as exactly the sender's values, flagged q8.
+  partial_sum q = sample(100);
+  kernels::round_to_q8(q.data.data.data(), q.data.data.size());
+  q.data.q8 = true;
+  const uint64_t before = (*a)->stats().bytes_sent;
+  REQUIRE((*a)->send(peer, rx_handle.id(), q));
+  auto got_q = next(rx);
+  REQUIRE(got_q.data.ok());
+  CHECK(got_q.data.q8);
+  CHECK(got_q.data.data == q.data.data);
+  CHECK((*a)->stats().bytes_sent - before == 24 + 32 + 13 + 4 * 34);  // frame, fields, blob head, 4 blocks
+  // The same from a sender of the other byte order, and damaged.
+  partial_sum qo = q;
+  qo.data.damaged_wire = q.data.encode_swapped();
+  REQUIRE((*a)->send(peer, rx_handle.id(), qo));
+  auto got_qo = next(rx);
+  REQUIRE(got_qo.data.ok());
+  CHECK(got_qo.data.data == q.data.data);
+  partial_sum qb = q;
+  qb.data.damaged_wire = q.data.encode();
+  qb.data.damaged_wire[13 + 50] ^= 0x04;
+  REQUIRE((*a)->send(peer, rx_handle.id(), qb));
+  CHECK(next(rx).data.status == 1);
 }
 
 TEST_CASE("data plane: a connection without the key is refused", "[net][data_plane]") {
