@@ -176,8 +176,8 @@ void add_bench(CLI::App& app, int& status) {
       ->capture_default_str();
   pb->add_option("--out", pc->out, "with --cluster: working folder (kept; a dllama build there is reused)");
   pb->add_option("--reduce", pc->reduce, "with --cluster: cellshard's --reduce (default: run's default)");
-  pb->add_option("--sync", pc->sync, "with --cluster: partial sums on the wire for both: f32, or q8_0 (cellshard "
-                 "--sync q8_0 against distributed-llama --buffer-float-type q80)")
+  pb->add_option("--sync", pc->sync, "with --cluster: cellshard's --sync (f32 or q8_0); distributed-llama stays at "
+                 "f32 sync (its q80 sync needs Q40 weights, the converter writes F32)")
       ->check(CLI::IsMember({"f32", "q8_0"}))
       ->capture_default_str();
   pb->add_option("--caf-idle", pc->idle, "with --cluster: idle-worker policies of cellshard's processes to compare "

@@ -175,9 +175,10 @@ struct peers_cluster_bench_options {
   bool pipeline = true;
   bool keep = false;
   std::string reduce;                  // passed to cellshard run --reduce when not empty
-  /// Tensor partial sums on the wire for both systems: "f32" (cellshard
-  /// --sync f32, distributed-llama --buffer-float-type f32) or "q8_0"
-  /// (--sync q8_0 against --buffer-float-type q80); rows get "_q8_0".
+  /// cellshard's tensor partial sums on the wire: "f32" or "q8_0" (run
+  /// --sync; rows get "_q8_0"). distributed-llama runs --buffer-float-type
+  /// f32 either way: its q80 sync needs Q40 weights (no Q80 x F32 matmul on
+  /// its CPU), and l2c_to_dllama.py writes F32 weights.
   std::string sync = "f32";
   /// Idle-worker policies of cellshard's daemons and front end
   /// (CELLSHARD_CAF_IDLE: poll or wake, actors/tls.hpp); one daemon set and

@@ -462,6 +462,11 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
       fail("l2c_to_dllama.py failed");
       break;
     }
+    if (o.sync == "q8_0")
+      std::fprintf(stderr, "bench peers --cluster: --sync q8_0: cellshard's tensor rows use --sync q8_0; "
+                           "distributed-llama stays at --buffer-float-type f32, because its q80 sync needs Q40 "
+                           "weights (with these F32 weights it stops: \"Unsupported CPU op code: MATMUL, quant: "
+                           "Q80_F32_F32\") and the converter writes F32 only\n");
     // 3. Per process count: workers and daemons kept for all rounds.
     struct sample {
       double tps = -1, a = 0, b = 0, c = 0;  // dllama: pred, sync ms; cellshard: busiest compute ms, tpot p50, comm share
@@ -475,7 +480,7 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         break;
       }
       std::string dcmd = quote(dllama) + " inference --model " + quote(dm) + " --tokenizer " + quote(dt) +
-                         " --buffer-float-type " + std::string(o.sync == "q8_0" ? "q80" : "f32") +
+                         " --buffer-float-type f32" +
                          " --nthreads 1 --steps " + std::to_string(o.steps) +
                          " --prompt '' --temperature 0 --net-turbo 0";
       if (!workers.addresses().empty()) {
@@ -622,6 +627,7 @@ int run_peers_cluster_bench(const peers_cluster_bench_options& o, std::vector<be
         row.params = {{"processes", std::to_string(n)},
                       {"steps", std::to_string(o.steps)},
                       {"sync", o.sync},
+                      {"dl_sync", "f32"},
                       {"rounds", std::to_string(c.s.size())},
                       {"goal", n >= 2 && tensor ? "1.2x" : "-"},
                       {"cs_tpot_ms", f(median(tpot), 1)},
