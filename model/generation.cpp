@@ -81,7 +81,11 @@ void generation::emit(int pos, int next, bool sampled) {
     have_sampled_ = true;
     out_.ttft_ms = ms_between(t0_, t);
   }
-  if (!params_.ignore_eos && tok_->is_stop(next)) {
+  // run.c ends on BOS whatever produced it, a forced prompt token too; llama.cpp
+  // looks for end of generation in sampled tokens only (a chat prompt closes
+  // its turns with EOS or end-of-turn tokens).
+  const bool may_stop = sampled || tok_->kind() == tokenizer_kind::llama2c;
+  if (!params_.ignore_eos && may_stop && tok_->is_stop(next)) {
     e.stop = true;
     done_ = true;
     if (opt_.on_token) opt_.on_token(e);

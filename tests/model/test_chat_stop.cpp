@@ -128,3 +128,25 @@ TEST_CASE("a model that adds no BOS needs a prompt", "[generate][stop]") {
   gp.prompt = "a";
   CHECK(*model::prompt_ids(**t, gp) == std::vector<int>{3});
 }
+
+TEST_CASE("stop rule: a GGUF prompt holding EOS or end-of-turn runs on (chat templates close turns)",
+          "[generate][stop]") {
+  // llama.cpp checks end of generation on sampled tokens only: a Llama 3 or
+  // Zephyr chat prompt closes the system turn with <|eot_id|> or </s>.
+  auto gg = small_spm();
+  std::vector<float> buf;
+  int calls = 0;
+  model::generation_params gp;
+  gp.steps = 6;
+  gp.sampling = {0.0f, 0.9f, 1};
+  gp.prompt = "a<|im_end|>a</s>a";  // each "a" after a special token gets the space prefix
+  auto r = model::generate(scripted({3, 3, 3, 3, 3, 4, 2, 3}, 6, buf, calls), *gg, 6, gp, {});
+  REQUIRE(r.ok());
+  // BOS, a, <|im_end|>, a, </s>, a (the prompt), then b sampled at position 5 (steps 6).
+  CHECK(r->ids == std::vector<int>{1, 3, 5, 3, 2, 3, 4});
+  // A sampled end of turn still stops.
+  gp.steps = 8;
+  r = model::generate(scripted({3, 3, 3, 3, 3, 4, 5, 3}, 6, buf, calls), *gg, 6, gp, {});
+  REQUIRE(r.ok());
+  CHECK(r->ids == std::vector<int>{1, 3, 5, 3, 2, 3, 4, 5});
+}
