@@ -18,8 +18,10 @@
 //   - a position p < n_prompt - 1 is followed by prompt[p + 1] (no sampling,
 //     no RNG use); from p = n_prompt - 1 on, the sampler picks the next token;
 //   - generation ends after params.steps positions, or after a stop token
-//     (tokenizer::is_stop, prompt tokens included, as run.c breaks on a BOS
-//     wherever it comes) unless params.ignore_eos;
+//     (tokenizer::is_stop) unless params.ignore_eos: for llama2.c tokenizers
+//     prompt tokens included, as run.c breaks on a BOS wherever it comes; for
+//     GGUF tokenizers sampled tokens only, as llama.cpp (chat prompts close
+//     their turns with EOS or end-of-turn tokens);
 //   - when every position is a prompt position (n_prompt > steps) nothing
 //     needs computing unless the caller wants every position's logits.
 // Time comes from an injectable clock, so timings are testable.
