@@ -1,5 +1,8 @@
 #include "model/chat.hpp"
 
+#include "model/bundle.hpp"
+#include "model/gguf.hpp"
+
 namespace cellshard::model::chat {
 
 const char* to_string(format f) {
@@ -80,6 +83,17 @@ result<prompt> apply(format f, const std::vector<message>& messages) {
       break;
   }
   return p;
+}
+
+result<format> format_for(const std::string& name, const std::string& model_path) {
+  if (!name.empty()) return parse_format(name);
+  if (model_path.empty() || !is_gguf_path(model_path)) return format::none;
+  auto g = gguf::file::open(model_path);
+  if (!g) return g.err();
+  if (!(*g)->has("tokenizer.chat_template")) return format::none;
+  auto t = (*g)->get_string("tokenizer.chat_template");
+  if (!t) return t.err();
+  return detect(*t);
 }
 
 }  // namespace cellshard::model::chat

@@ -40,6 +40,12 @@ result<format> parse_format(const std::string& name);
 /// llama2, <|user|> -> zephyr; none for anything else (or "").
 format detect(const std::string& chat_template);
 
+/// The format of chats with the model at `model_path`: `name` when not empty
+/// (parse_format), else the one its GGUF tokenizer.chat_template names
+/// (detect), else none (llama2.c files, GGUFs without a template). Errors: an
+/// unknown name; a GGUF that cannot be read (naming the file).
+result<format> format_for(const std::string& name, const std::string& model_path);
+
 struct prompt {
   std::string text;      // to encode with special tokens parsed
   bool add_bos = true;   // BOS first when the tokenizer adds one (no format writes it itself)

@@ -164,6 +164,17 @@ std::string join_messages(const std::vector<chat_message>& messages) {
   return out;
 }
 
+cellshard::result<cellshard::model::chat::prompt> chat_prompt(cellshard::model::chat::format f,
+                                                                     const std::vector<chat_message>& messages) {
+  std::vector<cellshard::model::chat::message> msgs;
+  msgs.reserve(messages.size());
+  for (const auto& m : messages) {
+    const std::string role = m.role == "developer" ? "system" : m.role == "tool" ? "user" : m.role;
+    msgs.push_back({role, m.content});
+  }
+  return cellshard::model::chat::apply(f, msgs);
+}
+
 size_t visible_length(const std::string& text, const std::vector<std::string>& stop, bool* hit) {
   *hit = false;
   size_t first = std::string::npos;

@@ -21,6 +21,8 @@
 // (OpenAI's "param") and what was expected.
 #pragma once
 
+#include "model/chat.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -72,6 +74,14 @@ parse_result parse_request(const std::string& body, bool chat);
 /// The prompt of a chat for a model without a chat template: the messages'
 /// contents joined by newlines (what `run --chat` does for such models).
 std::string join_messages(const std::vector<chat_message>& messages);
+
+/// The prompt of a chat in the model's chat format `f` (model/chat.hpp; `run
+/// --chat` uses the same), ending where the assistant's answer begins; with
+/// format none, the contents joined by newlines. OpenAI's "developer" role is
+/// a system message and a "tool" result a user turn (the formats know system,
+/// user and assistant only). Errors: none for requests parse_request accepted.
+cellshard::result<cellshard::model::chat::prompt> chat_prompt(cellshard::model::chat::format f,
+                                                                     const std::vector<chat_message>& messages);
 
 /// Stop strings: the part of `text` a client may see now. Scans for the
 /// earliest occurrence of any stop string in text; when found, returns its

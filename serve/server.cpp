@@ -308,9 +308,16 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
   const std::string failure = cluster.failure();
   if (!failure.empty())
     return fail({503, "no capacity left: " + failure, "server_error", "", "cluster_failed"});
-  const std::string prompt = chat ? join_messages(r.messages) : r.prompt;
+  std::string prompt = r.prompt;
+  bool add_bos = true;
+  if (chat) {
+    auto cp = chat_prompt(opts.chat_format, r.messages);
+    if (!cp) return fail({400, cp.message(), "invalid_request_error", "messages"});
+    prompt = cp->text;
+    add_bos = cp->add_bos;
+  }
   const int seq_len = cluster.config().seq_len;
-  const int n_prompt = static_cast<int>(cluster.tokenizer().encode(prompt, true, false).size());
+  const int n_prompt = static_cast<int>(cluster.tokenizer().encode(prompt, add_bos, false).size());
   if (n_prompt > seq_len)
     return fail({422, "the prompt is " + std::to_string(n_prompt) + " tokens (BOS included); the context holds " +
                           std::to_string(seq_len) + " positions, so at most " + std::to_string(seq_len) +
@@ -329,6 +336,7 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
 
   model::generation_params gp;
   gp.prompt = prompt;
+  gp.add_bos = add_bos;
   gp.steps = n_prompt - 1 + max_tokens;
   gp.sampling.temperature = r.temperature;
   gp.sampling.topp = r.top_p;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include "actors/cluster.hpp"
+#include "model/chat.hpp"
 #include "model/result.hpp"
 
 #include <chrono>
@@ -42,6 +43,7 @@ struct server_options {
   size_t max_body_bytes = 1 << 20;    // larger bodies: 413
   bool allow_fault_injection = false; // POST /v1/cluster/fault and the page's buttons
   std::string model_id;               // the model file's name without extension
+  model::chat::format chat_format = model::chat::format::none;  // of /v1/chat/completions (model/chat.hpp)
   std::chrono::milliseconds request_deadline{std::chrono::minutes(10)};  // a whole request, at most
 };
 

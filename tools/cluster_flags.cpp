@@ -1,4 +1,5 @@
 #include "tools/cluster_flags.hpp"
+#include "tools/common.hpp"
 
 #include "actors/remote.hpp"
 #include "actors/tls.hpp"
@@ -36,8 +37,7 @@ cluster_flag_set add_cluster_flags(CLI::App* cmd, cluster_flags& o, const std::s
       ->capture_default_str();
   cmd->add_option("--threads", o.threads,
                   "kernel threads per node (native backend; 0 = the CPUs this process may use, "
-                  "divided among in-process nodes)")
-      ->check(CLI::NonNegativeNumber)
+                  "divided among in-process nodes; at most 1024)")
       ->capture_default_str();
   cmd->add_option("--batch-size", o.batch_size,
                   "prompt positions computed together per prefill chunk (matrix products; same ids)")
@@ -126,6 +126,18 @@ void check_cluster_flags(CLI::App* cmd, const cluster_flag_set& set, cluster_fla
   if (o.nodes < 1) throw cli_error("--nodes: got " + std::to_string(o.nodes) + ", expected at least 1", 2);
   if (o.spares < 0)
     throw cli_error("--spares: got " + std::to_string(o.spares) + ", expected 0 or more spare nodes", 2);
+  // In-process nodes are actors with their own state: beyond this a run takes
+  // minutes to start and the machine's memory (20,000 nodes: 6 s, 108 MB).
+  constexpr int64_t max_inproc_nodes = 100000;
+  if (int64_t{o.nodes} + o.spares > max_inproc_nodes)
+    throw cli_error("--nodes " + std::to_string(o.nodes) + " + --spares " + std::to_string(o.spares) +
+                        ": expected at most " + std::to_string(max_inproc_nodes) +
+                        " in-process nodes (`plan` simulates larger clusters)",
+                    2);
+  if (o.threads < 0 || o.threads > max_kernel_threads)
+    throw cli_error("--threads: got " + std::to_string(o.threads) + ", expected 0 (the CPUs this process may use) to " +
+                        std::to_string(max_kernel_threads) + " kernel threads per node",
+                    2);
   if (o.caf_threads < 1)
     throw cli_error("--caf-threads: got " + std::to_string(o.caf_threads) + ", expected at least 1", 2);
   if (o.blas_threads < 0)

@@ -16,6 +16,10 @@ struct cli_error : std::runtime_error {
   int code;
 };
 
+/// Upper bound of --threads (kernel threads per node) on run, serve, node and
+/// bench: beyond it a run spends minutes creating threads (5000: 12 s).
+constexpr int max_kernel_threads = 1024;
+
 /// The model and tokenizer a command runs, and where they came from.
 struct loaded_model {
   std::shared_ptr<const model::model_file> file;

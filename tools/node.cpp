@@ -72,7 +72,10 @@ int do_node(const node_opts& o) {
   d.net.connection_timeout = std::chrono::milliseconds(o.connection_timeout_ms);
   d.peer_timeout = std::chrono::milliseconds(o.peer_timeout_ms);
   d.blas_threads = o.blas_threads;
-  if (o.threads < 0) throw cli_error("--threads: expected 0 (the CPUs this process may use) or more", 2);
+  if (o.threads < 0 || o.threads > max_kernel_threads)
+    throw cli_error("--threads: got " + std::to_string(o.threads) + ", expected 0 (the CPUs this process may use) to " +
+                        std::to_string(max_kernel_threads) + " kernel threads per node",
+                    2);
   d.threads = o.threads;
   auto prefix = std::make_shared<std::string>("cellshard node");
   if (!o.quiet)

@@ -34,6 +34,7 @@ struct serve_opts {
   size_t max_body = 1 << 20;
   bool allow_fault_injection = false;
   int processes = 0;  // local node daemons to start (0: none)
+  std::string chat_format;
   cluster_flags cf;
 };
 
@@ -51,9 +52,17 @@ int do_serve(serve_opts o) {
   if (o.max_sessions < 1) throw cli_error("--max-sessions: need at least 1", 2);
   if (o.tls_cert.empty() != o.tls_key.empty()) throw cli_error("--tls-cert and --tls-key go together (HTTPS)", 2);
 
+  if (!o.chat_format.empty())
+    if (auto f = model::chat::parse_format(o.chat_format); !f) throw cli_error("--chat-format: " + f.message(), 2);
+
   apply_kernel_flags(o.cf);
   loaded_model lm = load_model(o.model, o.tokenizer, false, o.cf.ctx);
   std::fprintf(stderr, "model: %s\n", lm.description.c_str());
+  // /v1/chat/completions lays out messages as run --chat does.
+  auto chat_format = model::chat::format_for(o.chat_format, o.model);
+  if (!chat_format) throw cli_error(chat_format.message());
+  so.chat_format = *chat_format;
+  std::fprintf(stderr, "chat format: %s\n", model::chat::to_string(so.chat_format));
 
   // --processes N: local daemons this process starts (and the page may signal).
   std::unique_ptr<local_daemons> daemons;
@@ -167,6 +176,9 @@ void add_serve(CLI::App& app, int& status) {
   cmd->add_option("--api-key", o->api_key, "require Authorization: Bearer KEY on /v1/ routes")->group(h);
   cmd->add_option("--tls-cert", o->tls_cert, "HTTPS: the server's certificate (PEM)")->group(h);
   cmd->add_option("--tls-key", o->tls_key, "HTTPS: its private key (PEM)")->group(h);
+  cmd->add_option("--chat-format", o->chat_format,
+                  "prompt format of /v1/chat/completions: llama2|llama3|chatml|zephyr|none (default: from the "
+                  "GGUF's tokenizer.chat_template; none joins the messages' contents by newlines)");
   cmd->add_option("--max-body", o->max_body, "largest request body in bytes (more: 413)")->capture_default_str()->group(h);
   cmd->add_flag("--allow-fault-injection", o->allow_fault_injection,
                 "POST /v1/cluster/fault and the page's crash/freeze buttons")->group(h);

@@ -186,6 +186,45 @@ TEST_CASE("serve: a completion at temperature 0 equals run -t 0 (curl, not strea
   CHECK(srv.terminate() == 0);
 }
 
+TEST_CASE("serve: chat completions use the model's chat format (--chat-format, else the GGUF's template)",
+          "[serve][processes]") {
+  if (!test::have_shared()) return;
+  const std::string gguf = test::shared_file("models/gguf/stories260K.gguf");
+  const std::string dir = test::temp_dir("serve-chat-format");
+  // The ids run --chat feeds for this conversation in ChatML, and joined (the file has no template).
+  auto ids_of = [&](const std::string& text) {
+    auto t = test::run_command({test::cellshard_bin(), "tokenize", "-m", gguf, "-i", text});
+    REQUIRE(t.status == 0);
+    int n = 0;
+    for (char c : t.out) n += c == ' ';
+    return n + 1;
+  };
+  const int chatml = ids_of("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nOnce upon<|im_end|>\n"
+                            "<|im_start|>assistant\n");
+  const int joined = ids_of("Be brief.\nOnce upon");
+  REQUIRE(chatml != joined);
+  const std::string body =
+      json{{"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Once upon"}}}},
+           {"max_tokens", 2},
+           {"temperature", 0}}
+          .dump();
+  for (auto [flags, want] : {std::pair<std::vector<std::string>, int>{{"--chat-format", "chatml"}, chatml},
+                             {{}, joined}}) {
+    std::vector<std::string> a = {test::cellshard_bin(), "serve", "-m", gguf, "--listen", "127.0.0.1:0"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    test::child srv(a, dir + "/serve.err");
+    auto [out, status] = body_status(curl_post(srv.port(), "/v1/chat/completions", body).out);
+    INFO(out << "\n" << srv.log());
+    REQUIRE(status == 200);
+    CHECK(json::parse(out)["usage"]["prompt_tokens"] == want);
+    CHECK(srv.terminate() == 0);
+  }
+  auto bad = test::run_command({test::cellshard_bin(), "serve", "-m", gguf, "--listen", "127.0.0.1:0",
+                                "--chat-format", "vicuna"});
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--chat-format: chat format 'vicuna' is not known"));
+}
+
 TEST_CASE("serve: streamed completions over curl: one event per token, consecutive ids, [DONE]", "[serve][processes]") {
   if (!test::have_shared()) return;
   const auto m = copy_models("serve-stream");

@@ -41,6 +41,30 @@ TEST_CASE("serve parse_request: chat messages, defaults", "[serve][unit]") {
   CHECK(!p.request->stream);
 }
 
+TEST_CASE("serve chat_prompt: the model's chat format, as run --chat lays it out", "[serve][unit]") {
+  // A Llama 3 GGUF's chat completion is its header-token layout, not the
+  // contents joined (issue #22: "chat uses the model's chat format").
+  const std::vector<chat_message> m = {{"system", "Be brief."}, {"user", "Hi"}};
+  auto p = chat_prompt(cellshard::model::chat::format::llama3, m);
+  REQUIRE(p.ok());
+  CHECK(p->text ==
+        "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(p->add_bos);
+  // No template: the contents joined by newlines.
+  p = chat_prompt(cellshard::model::chat::format::none, m);
+  REQUIRE(p.ok());
+  CHECK(p->text == "Be brief.\nHi");
+  // OpenAI's newer roles: developer is a system message, a tool result a user turn.
+  p = chat_prompt(cellshard::model::chat::format::chatml,
+                  {{"developer", "D"}, {"user", "U"}, {"assistant", "A"}, {"tool", "T"}});
+  REQUIRE(p.ok());
+  CHECK(p->text ==
+        "<|im_start|>system\nD<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+        "<|im_start|>user\nT<|im_end|>\n<|im_start|>assistant\n");
+}
+
 TEST_CASE("serve parse_request: each bad field is a 400 naming it", "[serve][unit]") {
   struct row {
     const char* body;
