@@ -87,6 +87,17 @@ public:
                                const model::tokenizer& tok) = 0;
   /// Starts one shard; an error names the node and the cause.
   virtual result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) = 0;
+  /// The result of spawn_async: the shard, or an error naming the node.
+  using spawn_done = std::function<void(result<caf::actor>)>;
+  /// Starts one shard without waiting: `done` gets the result exactly once,
+  /// from any thread (possibly before this returns). The request's `placed`
+  /// pointer is read during the call only. Default: spawn(), then done.
+  virtual void spawn_async(caf::actor_system& sys, const shard_request& req, spawn_done done) {
+    done(spawn(sys, req));
+  }
+  /// True when spawn_async returns before the shard exists (a remote host):
+  /// the runtime then starts shards asynchronously (child_spec::start_async).
+  virtual bool spawn_is_async() const { return false; }
   /// Every successful spawn's weight figures, in spawn order (empty in process).
   virtual std::vector<weight_load> weight_loads() const { return {}; }
   /// Bytes in use on each node, by node index (empty when unknown).

@@ -376,6 +376,99 @@ int choose_node(runtime_shared& rt, int idx, const std::set<int>& tried, std::st
   return choice.node;
 }
 
+/// One start of one placement index: the nodes tried so far and where the
+/// result goes (the supervisor's start_done, or the synchronous factory's slot).
+struct start_attempt {
+  std::shared_ptr<runtime_shared> rt;
+  int idx = -1;
+  uint64_t incarnation = 0;
+  caf::actor_system* sys = nullptr;
+  std::set<int> tried;
+  std::string errors;  // "node 2: why; node 3: why"
+  std::function<void(caf::actor)> done;
+};
+
+/// Chooses a node for the attempt and spawns the shard there; on a failed
+/// spawn a restart tries the next node (the first start keeps the
+/// placement's node and fails). Ends by calling at->done once: the shard,
+/// or an invalid handle with rt->last_error set. The spawn runs without
+/// rt->mu held; its callback may run on another thread, or before
+/// spawn_async returns (in process).
+void next_node(const std::shared_ptr<start_attempt>& at) {
+  auto& rt = *at->rt;
+  const int idx = at->idx;
+  std::unique_lock<std::mutex> lock(rt.mu);
+  std::string why;
+  const int node = choose_node(rt, idx, at->tried, why);
+  if (node < 0) {
+    rt.last_error = why + (at->errors.empty() ? "" : "; tried: " + at->errors);
+    lock.unlock();
+    at->done(caf::actor{});
+    return;
+  }
+  rt.node_of[idx] = node;
+  const auto& placed = rt.plan.shards[idx];
+  topologies::shard moved = placed;
+  moved.node = node;
+  shard_request req;
+  req.placed = &moved;
+  req.spec.layer_begin = placed.layers.begin;
+  req.spec.layer_end = placed.layers.end;
+  req.spec.kv_head_begin = placed.kv_heads.begin;
+  req.spec.kv_head_end = placed.kv_heads.end;
+  req.spec.ffn_begin = placed.ffn.begin;
+  req.spec.ffn_end = placed.ffn.end;
+  req.spec.embedding = placed.has_embedding;
+  req.spec.classifier = placed.has_classifier;
+  req.spec.vocab_begin = placed.vocab.begin;
+  req.spec.vocab_end = placed.vocab.end;
+  req.spec.routed = placed.routed;
+  req.spec.experts = placed.experts;
+  req.weights = rt.weights;
+  req.matmul = rt.matmul;
+  req.ctx = rt.ctx;
+  req.kernels = rt.kernels;
+  req.checkpoint_every = rt.opts.checkpoint_every;
+  req.batch_size = rt.opts.batch_size;
+  req.restarted = at->incarnation > 0;
+  req.faults = rt.opts.faults;
+  req.heartbeat = node < static_cast<int>(rt.heartbeats.size()) ? rt.heartbeats[node] : caf::actor{};
+  req.coordinator = rt.coordinator;
+  std::weak_ptr<runtime_shared> weak = at->rt;
+  req.abandon = [weak, node] {
+    auto r = weak.lock();
+    if (!r) return true;
+    std::lock_guard<std::mutex> l(r->mu);
+    return r->unhealthy.count(node) > 0;
+  };
+  auto host = rt.host;
+  lock.unlock();
+  host->spawn_async(*at->sys, req, [at, node](result<caf::actor> a) {
+    auto& rt = *at->rt;
+    std::unique_lock<std::mutex> lock(rt.mu);
+    if (a) {
+      // A restart enters the wiring through the coordinator only
+      // (announce_restart), never before the sessions can restore it.
+      if (at->incarnation == 0) rt.actor_of[at->idx] = *a;
+      lock.unlock();
+      at->done(*a);
+      return;
+    }
+    at->errors += (at->errors.empty() ? "" : "; ") + std::string("node ") + std::to_string(node) + ": " + a.message();
+    at->tried.insert(node);
+    if (!rt.host->reachable(node)) rt.unhealthy.insert(node);
+    if (at->incarnation == 0) {  // the first start keeps the placement's node
+      rt.last_error = "placement index " + std::to_string(at->idx) + " on node " + std::to_string(node) + ": " +
+                      a.message();
+      lock.unlock();
+      at->done(caf::actor{});
+      return;
+    }
+    lock.unlock();
+    next_node(at);
+  });
+}
+
 }  // namespace
 
 wiring wiring_of(const runtime_shared& rt, int index) {
@@ -461,8 +554,10 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
     for (int idx : stage.shards) {
       supervision::child_spec cs;
       cs.id = "shard-" + std::to_string(idx);
-      cs.start = [rt, idx](const supervision::start_context& ctx) -> caf::actor {
-        std::unique_lock<std::mutex> lock(rt->mu);
+      // The first part of a start (what the last incarnation's end means)
+      // runs in the factory; the attempts over nodes run in start_attempt.
+      auto begin = [rt, idx](const supervision::start_context& ctx) {
+        std::lock_guard<std::mutex> lock(rt->mu);
         if (ctx.incarnation > 0) {
           // Detection of a failure the runtime did not inject: a daemon's
           // connection lost shows up as remote_link_unreachable.
@@ -470,7 +565,7 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           const bool stopped = ctx.last_reason == caf::exit_reason::user_shutdown;
           // Recorded by the coordinator: this message is in its mailbox
           // before the supervisor's child_restarted event (which follows
-          // this factory's return).
+          // this start's result).
           caf::anon_send(rt->coordinator, decided_atom::value, static_cast<int32_t>(idx),
                          static_cast<int32_t>(node_of_locked(*rt, idx)),
                          std::string(link ? "node-down" : stopped ? "node-stopped" : "exit"), now_ns());
@@ -482,68 +577,32 @@ result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime
           if (auto step = supervision::fault_hooks::crash_step(ctx.last_reason); step && rt->opts.faults)
             rt->opts.faults->mark_fired_through(static_cast<uint32_t>(idx), supervision::fault_kind::crash, *step);
         }
-        const auto placed = rt->plan.shards[idx];
-        std::set<int> tried;
-        std::string errors;
-        for (;;) {
-          std::string why;
-          const int node = choose_node(*rt, idx, tried, why);
-          if (node < 0) {
-            rt->last_error = why + (errors.empty() ? "" : "; tried: " + errors);
-            return caf::actor{};
-          }
-          rt->node_of[idx] = node;
-          topologies::shard moved = placed;
-          moved.node = node;
-          shard_request req;
-          req.placed = &moved;
-          req.spec.layer_begin = placed.layers.begin;
-          req.spec.layer_end = placed.layers.end;
-          req.spec.kv_head_begin = placed.kv_heads.begin;
-          req.spec.kv_head_end = placed.kv_heads.end;
-          req.spec.ffn_begin = placed.ffn.begin;
-          req.spec.ffn_end = placed.ffn.end;
-          req.spec.embedding = placed.has_embedding;
-          req.spec.classifier = placed.has_classifier;
-          req.spec.vocab_begin = placed.vocab.begin;
-          req.spec.vocab_end = placed.vocab.end;
-          req.spec.routed = placed.routed;
-          req.spec.experts = placed.experts;
-          req.weights = rt->weights;
-          req.matmul = rt->matmul;
-          req.ctx = rt->ctx;
-          req.kernels = rt->kernels;
-          req.checkpoint_every = rt->opts.checkpoint_every;
-          req.batch_size = rt->opts.batch_size;
-          req.restarted = ctx.incarnation > 0;
-          req.faults = rt->opts.faults;
-          req.heartbeat = node < static_cast<int>(rt->heartbeats.size()) ? rt->heartbeats[node] : caf::actor{};
-          req.coordinator = rt->coordinator;
-          req.abandon = [rt, node] {
-            std::lock_guard<std::mutex> l(rt->mu);
-            return rt->unhealthy.count(node) > 0;
-          };
-          auto host = rt->host;
-          // A remote spawn waits for the daemon: not under the lock.
-          lock.unlock();
-          auto a = host->spawn(ctx.system, req);
-          lock.lock();
-          if (a) {
-            // A restart enters the wiring through the coordinator only
-            // (announce_restart), never before the sessions can restore it.
-            if (ctx.incarnation == 0) rt->actor_of[idx] = *a;
-            return *a;
-          }
-          errors += (errors.empty() ? "" : "; ") + std::string("node ") + std::to_string(node) + ": " + a.message();
-          tried.insert(node);
-          if (!host->reachable(node)) rt->unhealthy.insert(node);
-          if (ctx.incarnation == 0) {  // the first start keeps the placement's node
-            rt->last_error = "placement index " + std::to_string(idx) + " on node " + std::to_string(node) +
-                             ": " + a.message();
-            return caf::actor{};
-          }
-        }
+        auto at = std::make_shared<start_attempt>();
+        at->rt = rt;
+        at->idx = idx;
+        at->incarnation = ctx.incarnation;
+        at->sys = &ctx.system;
+        return at;
       };
+      if (rt->host->spawn_is_async()) {
+        // A remote spawn waits for its daemon: as a request whose reply the
+        // supervisor handles (start_async), never a wait in the factory.
+        cs.start_async = [begin](const supervision::start_context& ctx, supervision::start_done done) {
+          auto at = begin(ctx);
+          at->done = std::move(done);
+          next_node(at);
+        };
+      } else {
+        // In process a spawn returns the shard at once: the callback runs
+        // before next_node returns.
+        cs.start = [begin](const supervision::start_context& ctx) -> caf::actor {
+          auto at = begin(ctx);
+          auto out = std::make_shared<caf::actor>();
+          at->done = [out](caf::actor h) { *out = std::move(h); };
+          next_node(at);
+          return *out;
+        };
+      }
       sc.children.push_back(std::move(cs));
     }
     top.children.push_back(supervision::supervisor_child(sc.name, sc));

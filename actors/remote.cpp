@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
@@ -355,12 +356,11 @@ result<void> remote_host::connect(caf::actor_system& sys, const model::model_fil
   return {};
 }
 
-result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_request& req) {
+result<shard_spawn> remote_host::make_spawn(const shard_request& req) const {
   if (!req.placed) return make_error("spawn without a placed shard");
   const auto& p = *req.placed;
   const int node = p.node;
-  caf::actor target = daemon(node);
-  if (!target || !owner_ || !reachable(node)) return make_error(describe(node) + ": not connected (its daemon is gone)");
+  if (!daemon(node) || !owner_ || !reachable(node)) return make_error(describe(node) + ": not connected (its daemon is gone)");
   shard_spawn s;
   if (req.faults)
     for (const auto& f : req.faults->pending(static_cast<uint32_t>(p.index))) s.faults.push_back(supervision::to_string(f));
@@ -399,95 +399,194 @@ result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_reques
     s.manifest = m->encode();
     s.weight_server = weight_server_;
   }
-  // Not a request: a daemon that stops (or whose connection drops) while we
-  // wait must end the wait at once -- the supervisor runs this factory and
-  // the whole stage waits with it. The daemon's reply to a plain message
-  // comes back as a plain message; the monitor brings its down_msg.
-  caf::scoped_actor self{sys};
-  self->monitor(target);
-  result<caf::actor> out = make_error(describe(node) + ": no reply");
-  bool gone = false;
-  const shard_spawn again = s;  // asked again after shipping the slice
-  int rounds = 0;               // shipping rounds (a chunk failing its digest is shipped in the next)
-  constexpr int max_rounds = 4;
-  // Issue #17: the daemon lacks the slice ("need"): ship it from here, a
-  // window of chunks in flight, the next one per slice_ack (header and body
-  // in one message), then the spawn again (actors/weight_server.hpp).
+  return s;
+}
+
+namespace {
+
+using spawn_tick_atom = caf::atom_constant<caf::atom("cs_sptick")>;
+
+/// One remote spawn in flight (issue #15): the protocol of shard_spawn as
+/// an event-based actor, so that nothing waits in a supervisor's factory or
+/// on a thread of its own. It monitors the daemon (a daemon that stops, or
+/// whose connection drops, ends the spawn at once with its down_msg), ships
+/// the slice when the daemon answers "need" (a window of chunks, the next
+/// per slice_ack, then the spawn again; actors/weight_server.hpp), and
+/// checks every 100 ms whether to give up: `abandon` (the node is suspected
+/// silent) or no answer within `timeout` -- counted from the last chunk
+/// served while a slice is being shipped.
+struct spawn_job {
+  caf::actor target;
+  shard_spawn msg;
+  std::shared_ptr<weight_store> weights;  // null: no shipping
+  int ship_window = 2;
+  std::chrono::milliseconds timeout{0};
+  std::function<bool()> abandon;
+  std::string who;  // describe(node)
+  /// Called once, on the spawner's thread: the daemon's reply (shard set on
+  /// success) or an error; `gone`: the daemon went down meanwhile.
+  std::function<void(result<shard_spawned>, bool gone)> finish;
+};
+
+struct spawner_state {
+  spawn_job job;
   std::optional<slice_shipment> shipping;
-  auto send_chunks = [&] {
-    if (!shipping) return;
-    for (auto& c : shipping->next()) self->send(target, c.first, std::move(c.second));
-    if (shipping->done()) {
-      shipping.reset();
-      self->send(target, again);
+  int rounds = 0;  // shipping rounds (a chunk failing its digest is shipped in the next)
+  std::chrono::steady_clock::time_point until;
+  bool finished = false;
+  static inline const char* name = "cellshard.spawner";
+};
+
+constexpr int max_ship_rounds = 4;
+
+caf::behavior spawner(caf::stateful_actor<spawner_state>* self, spawn_job job) {
+  using clk = std::chrono::steady_clock;
+  auto& st = self->state;
+  st.job = std::move(job);
+  st.until = clk::now() + st.job.timeout;
+  auto finish = [self](result<shard_spawned> r, bool gone) {
+    auto& st = self->state;
+    if (st.finished) return;
+    st.finished = true;
+    self->demonitor(st.job.target);
+    auto f = std::move(st.job.finish);
+    if (f) f(std::move(r), gone);
+    self->quit();
+  };
+  auto send_chunks = [self] {
+    auto& st = self->state;
+    if (!st.shipping) return;
+    for (auto& c : st.shipping->next()) self->send(st.job.target, c.first, std::move(c.second));
+    if (st.shipping->done()) {
+      st.shipping.reset();
+      self->send(st.job.target, st.job.msg);
     }
   };
-  auto ship = [&] {
-    auto m = model::manifest::decode(again.manifest);
-    if (!m) return;
-    shipping.emplace(weights_, m->digest(), m->bytes(), opts_.ship_window);
-    send_chunks();
-  };
-  self->send(target, std::move(s));
-  using clk = std::chrono::steady_clock;
-  const auto until = clk::now() + opts_.request_timeout;
   // A daemon still fetching its slice (a chunk served within the last
-  // request_timeout) is not given up on: the deadline runs from the last chunk.
-  auto shipping_recently = [&] {
-    if (!weights_) return false;
-    const int64_t last = weights_->last_activity_ns();
+  // timeout) is not given up on: the deadline runs from the last chunk.
+  auto shipping_recently = [self] {
+    auto& st = self->state;
+    if (!st.job.weights) return false;
+    const int64_t last = st.job.weights->last_activity_ns();
     const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch()).count();
-    return last != 0 && now - last < std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.request_timeout).count();
+    return last != 0 && now - last < std::chrono::duration_cast<std::chrono::nanoseconds>(st.job.timeout).count();
   };
-  for (bool waiting = true; waiting;) {
-    self->receive(
-        [&](shard_spawned& r) {
-          if (r.error.empty() && !r.shard && r.source == "need" && weights_ && rounds < max_rounds) {
-            ++rounds;
-            ship();
-            return;  // the daemon answers the spawn sent after the chunks
-          }
-          waiting = false;
-          if (r.source == "need" && r.error.empty())
-            r.error = "the slice still lacks chunks after " + std::to_string(max_rounds) + " shipping rounds";
-          if (!r.error.empty() || !r.shard) {
-            out = make_error(describe(node) + ": " + (r.error.empty() ? "no shard" : r.error));
-            return;
-          }
-          out = r.shard;
-          weight_load w;
-          w.index = p.index;
-          w.node = node;
-          w.source = r.source;
-          w.shipped_bytes = r.shipped_bytes;
-          w.bytes_read = r.bytes_read;
-          w.reload_ms = r.reload_ns / 1e6;
-          w.ship_ms = r.ship_ns / 1e6;
-          std::lock_guard<std::mutex> lock(loads_mu_);
-          loads_.push_back(std::move(w));
-        },
-        [&](slice_ack& a) {
-          if (shipping && shipping->ack(a)) send_chunks();
-        },
-        [&](caf::down_msg& dm) {
-          waiting = false;
-          gone = true;
-          out = make_error(describe(node) + ": its daemon went down while spawning (" + sys.render(dm.reason) + ")");
-        },
-        caf::after(std::chrono::milliseconds(100)) >> [&] {
-          if (req.abandon && req.abandon()) {
-            waiting = false;
-            out = make_error(describe(node) + ": given up while spawning (the node is suspected silent)");
-          } else if (clk::now() >= until && !shipping_recently()) {
-            waiting = false;
-            out = make_error(describe(node) + ": no answer to the spawn request within " +
-                             std::to_string(opts_.request_timeout.count()) + " ms");
-          }
-        });
+  self->set_down_handler([self, finish](caf::down_msg& dm) {
+    if (dm.source != self->state.job.target.address()) return;
+    finish(make_error(self->state.job.who + ": its daemon went down while spawning (" +
+                      self->system().render(dm.reason) + ")"),
+           true);
+  });
+  self->monitor(st.job.target);
+  self->send(st.job.target, st.job.msg);
+  self->delayed_send(self, std::chrono::milliseconds(100), spawn_tick_atom::value);
+  return {
+      [self, finish, send_chunks](shard_spawned& r) {
+        auto& st = self->state;
+        if (r.error.empty() && !r.shard && r.source == "need" && st.job.weights && st.rounds < max_ship_rounds) {
+          ++st.rounds;
+          auto m = model::manifest::decode(st.job.msg.manifest);
+          if (!m) return;  // cannot happen: the manifest was made here
+          st.shipping.emplace(st.job.weights, m->digest(), m->bytes(), st.job.ship_window);
+          send_chunks();
+          return;  // the daemon answers the spawn sent after the chunks
+        }
+        if (r.source == "need" && r.error.empty())
+          r.error = "the slice still lacks chunks after " + std::to_string(max_ship_rounds) + " shipping rounds";
+        if (!r.error.empty() || !r.shard) {
+          finish(make_error(st.job.who + ": " + (r.error.empty() ? "no shard" : r.error)), false);
+          return;
+        }
+        finish(std::move(r), false);
+      },
+      [self, send_chunks](slice_ack& a) {
+        auto& st = self->state;
+        if (st.shipping && st.shipping->ack(a)) send_chunks();
+      },
+      [self, finish, shipping_recently](spawn_tick_atom) {
+        auto& st = self->state;
+        if (st.job.abandon && st.job.abandon()) {
+          finish(make_error(st.job.who + ": given up while spawning (the node is suspected silent)"), false);
+        } else if (clk::now() >= st.until && !shipping_recently()) {
+          finish(make_error(st.job.who + ": no answer to the spawn request within " +
+                            std::to_string(st.job.timeout.count()) + " ms"),
+                 false);
+        } else {
+          self->delayed_send(self, std::chrono::milliseconds(100), spawn_tick_atom::value);
+        }
+      },
+  };
+}
+
+}  // namespace
+
+void remote_host::spawn_async(caf::actor_system& sys, const shard_request& req, spawn_done done) {
+  auto s = make_spawn(req);
+  if (!s) {
+    done(make_error(s.message()));
+    return;
   }
-  self->demonitor(target);
-  if (gone && down_ && node < static_cast<int>(down_->size())) (*down_)[node] = true;
-  return out;
+  const int node = req.placed->node;
+  const int index = req.placed->index;
+  spawn_job job;
+  job.target = daemon(node);
+  job.msg = std::move(*s);
+  job.weights = weights_;
+  job.ship_window = opts_.ship_window;
+  job.timeout = opts_.request_timeout;
+  job.abandon = req.abandon;
+  job.who = describe(node);
+  auto loads = loads_;
+  auto down = down_;
+  job.finish = [loads, down, node, index, done = std::move(done)](result<shard_spawned> r, bool gone) {
+    if (gone && down && node < static_cast<int>(down->size())) (*down)[node] = true;
+    if (!r) {
+      done(make_error(r.message()));
+      return;
+    }
+    weight_load w;
+    w.index = index;
+    w.node = node;
+    w.source = r->source;
+    w.shipped_bytes = r->shipped_bytes;
+    w.bytes_read = r->bytes_read;
+    w.reload_ms = r->reload_ns / 1e6;
+    w.ship_ms = r->ship_ns / 1e6;
+    {
+      std::lock_guard<std::mutex> lock(loads->mu);
+      loads->all.push_back(std::move(w));
+    }
+    done(r->shard);
+  };
+  sys.spawn<caf::hidden>(spawner, std::move(job));
+}
+
+result<caf::actor> remote_host::spawn(caf::actor_system& sys, const shard_request& req) {
+  // The spawner always ends: by its own deadline (extended only while the
+  // slice's chunks are being served), the daemon's down_msg, or its reply.
+  // Its callback dropped unanswered (the actor system stopped) breaks the
+  // promise. The wait's own bound covers a spawner that never ran at all.
+  auto p = std::make_shared<std::promise<result<caf::actor>>>();
+  auto f = p->get_future();
+  spawn_async(sys, req, [p](result<caf::actor> r) { p->set_value(std::move(r)); });
+  using clk = std::chrono::steady_clock;
+  auto last = clk::now();
+  int64_t seen = weights_ ? weights_->last_activity_ns() : 0;
+  while (f.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    const int64_t act = weights_ ? weights_->last_activity_ns() : 0;
+    if (act != seen) {
+      seen = act;
+      last = clk::now();
+    }
+    if (clk::now() - last > 2 * opts_.request_timeout + std::chrono::seconds(1))
+      return make_error(describe(req.placed ? req.placed->node : -1) + ": the spawn did not end within " +
+                        std::to_string(2 * opts_.request_timeout.count() + 1000) + " ms");
+  }
+  try {
+    return f.get();
+  } catch (const std::future_error&) {
+    return make_error(describe(req.placed ? req.placed->node : -1) + ": the spawn was stopped with the actor system");
+  }
 }
 
 namespace {
@@ -652,8 +751,8 @@ bool remote_host::reachable(int node) const {
 }
 
 std::vector<weight_load> remote_host::weight_loads() const {
-  std::lock_guard<std::mutex> lock(loads_mu_);
-  return loads_;
+  std::lock_guard<std::mutex> lock(loads_->mu);
+  return loads_->all;
 }
 
 void remote_host::shutdown(caf::actor_system&) {

@@ -46,6 +46,7 @@
 namespace cellshard::actors {
 
 class weight_store;  // actors/weight_server.hpp
+struct shard_spawn;  // actors/messages.hpp
 
 /// One entry of the cluster file.
 struct remote_node {
@@ -87,7 +88,16 @@ public:
   result<void> configure(caf::actor_system_config& cfg) override;
   result<void> connect(caf::actor_system& sys, const model::model_file& file,
                        const model::tokenizer& tok) override;
+  /// Waits for spawn_async's result (not on an actor's thread: it blocks).
   result<caf::actor> spawn(caf::actor_system& sys, const shard_request& req) override;
+  /// The spawn as an actor of its own (a hidden event-based "spawner"):
+  /// returns at once; `done` is called once, on that actor's thread, with
+  /// the shard or an error naming the node -- the daemon's refusal, its
+  /// connection lost, the slice not shipped in 4 rounds, req.abandon()
+  /// (asked every 100 ms) or no answer within request_timeout (counted from
+  /// the last chunk served while shipping). Nothing blocks (issue #15).
+  void spawn_async(caf::actor_system& sys, const shard_request& req, spawn_done done) override;
+  bool spawn_is_async() const override { return true; }
   /// Asks every daemon (deadline 2 s each, in parallel); 0 for a node that did not answer.
   std::vector<uint64_t> node_memory() const override;
   /// Asks the daemon to heartbeat from its own process (heartbeat_start).
@@ -131,8 +141,14 @@ private:
   caf::actor_system* sys_ = nullptr;
   std::shared_ptr<weight_store> weights_;  // the front end's model, for shipping
   caf::actor weight_server_;
-  mutable std::mutex loads_mu_;
-  std::vector<weight_load> loads_;
+  /// The shard_spawn message for `req` (the manifest made, faults pending).
+  result<shard_spawn> make_spawn(const shard_request& req) const;
+  struct load_log {
+    std::mutex mu;
+    std::vector<weight_load> all;
+  };
+  // Shared with spawners still running when this host is destroyed.
+  std::shared_ptr<load_log> loads_ = std::make_shared<load_log>();
   // Set by the owner actor when a daemon's proxy goes down (connection lost).
   std::shared_ptr<std::vector<std::atomic<bool>>> down_;
 };

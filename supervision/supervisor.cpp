@@ -2,6 +2,8 @@
 #include "supervision/listeners.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <deque>
 #include <set>
 
@@ -46,7 +48,7 @@ caf::error validate(const supervisor_config& cfg) {
     const auto& c = cfg.children[i];
     if (c.id.empty()) return bad("child #" + std::to_string(i) + " has an empty id");
     if (!ids.insert(c.id).second) return bad("duplicate child id '" + c.id + "'");
-    if (!c.start) return bad("child '" + c.id + "' has no factory");
+    if (!c.start && !c.start_async) return bad("child '" + c.id + "' has no factory");
     if (c.restart >= restart_type::count) return bad("child '" + c.id + "': unknown restart type");
   }
   return {};
@@ -146,13 +148,16 @@ struct supervisor_state {
   bool start(std::size_t i, bool first_start, const std::string& cause = {}, const caf::error& why = {}) {
     auto& c = children[i];
     if (!first_start) ++c.restarts;
-    if (c.spec.start_may_block) {
+    if (c.spec.start_may_block || c.spec.start_async) {
       c.handle = nullptr;
       c.starting = true;
       c.starting_first = first_start;
       c.starting_cause = cause;
       c.starting_reason = why;
-      launch_blocking_start(c, ++c.attempt);
+      if (c.spec.start_async)
+        launch_async_start(c, ++c.attempt);
+      else
+        launch_blocking_start(c, ++c.attempt);
       return true;
     }
     start_context ctx{self->home_system(), me(), c.spec.id, c.restarts, c.last_reason};
@@ -196,6 +201,35 @@ struct supervisor_state {
                   });
           return {[] {}};
         });
+  }
+
+  // An asynchronous start: the factory runs here and hands its result to
+  // `done`, which a courier delivers as sv_started (refused: killed).
+  void launch_async_start(const child_entry& c, std::uint64_t attempt) {
+    auto sup = me();
+    auto id = c.spec.id;
+    auto& sys = self->home_system();
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    start_done done = [&sys, sup, id, attempt, once](caf::actor h) {
+      if (once->exchange(true)) return;
+      sys.spawn<caf::hidden>([sup, id, attempt, h](caf::event_based_actor* courier) -> caf::behavior {
+        // No timeout, as for the blocking helper: a living supervisor
+        // answers at once, a dead one's mailbox bounces the request.
+        courier->request(sup, caf::infinite, sv_started_atom::value, id, attempt, h)
+            .then(
+                [courier, h](bool accepted) {
+                  if (!accepted && h) courier->send_exit(h, caf::exit_reason::kill);
+                  courier->quit();
+                },
+                [courier, h](caf::error&) {
+                  if (h) courier->send_exit(h, caf::exit_reason::kill);
+                  courier->quit();
+                });
+        return {[] {}};
+      });
+    };
+    start_context ctx{sys, sup, c.spec.id, c.restarts, c.last_reason};
+    c.spec.start_async(ctx, std::move(done));
   }
 
   // The result of a blocking start; false when it is no longer wanted.
@@ -380,10 +414,11 @@ caf::behavior supervisor_impl(supervisor_actor* self, supervisor_config cfg) {
       [self](sv_add_atom, child_spec& spec) -> caf::result<caf::actor> {
         auto& st = self->state;
         if (st.done) return make_error(sv_errc::invalid_config, "supervisor is stopping");
-        if (spec.start_may_block)
+        if (spec.start_may_block || spec.start_async)
           return make_error(sv_errc::invalid_config, "supervisor '" + st.cfg.name + "': child '" + spec.id +
-                                                         "' has a start that may block: add it in the config");
-        if (spec.id.empty() || !spec.start || st.find(spec.id) < st.children.size())
+                                                         "' has a start that does not return the child: add it "
+                                                         "in the config");
+        if (spec.id.empty() || (!spec.start && !spec.start_async) || st.find(spec.id) < st.children.size())
           return make_error(sv_errc::invalid_config,
                             "supervisor '" + st.cfg.name + "': child id '" + spec.id +
                                 "' is empty, duplicate or has no factory");

@@ -66,10 +66,22 @@
 //   Several children may be starting at once, so with rest_for_one or
 //   one_for_all their starts may complete out of spec order. sv_add refuses
 //   such children (add them in the config).
+// - Asynchronous starts (child_spec::start_async): the factory runs on the
+//   supervisor's thread like a plain one but does not return the child; it
+//   starts the work (e.g. sends a spawn request from an actor of its own)
+//   and hands the child, or an invalid handle on failure, to the `done`
+//   callback later, from any thread. Until then the child is "starting",
+//   exactly as for a start that may block (above), without a thread of its
+//   own: nothing waits anywhere. `done` delivers the result as a request
+//   from a small courier actor; a result the supervisor refuses, or that
+//   finds it gone, is killed. Calls of `done` after the first are ignored; a
+//   `done` that is never called leaves the child starting until the
+//   supervisor stops (the factory owns the deadline of its own work).
 //
 // Thread safety: the supervisor is an actor; talk to it by messages only.
 // Factories run inside the supervisor (one at a time, on its thread) unless
-// start_may_block is set, and must then not block: spawn and return. A
+// start_may_block is set, and must then not block: spawn and return (or, for
+// start_async, start the work and return). A
 // blocking factory runs on its helper's thread and may run concurrently with
 // other children's blocking factories. The supervisor_config is copied into the actor.
 // Errors: spawn_supervisor() validates the config (unique non-empty ids,
@@ -113,9 +125,19 @@ struct start_context {
 /// factory must not link it to anything the supervisor relies on.
 using child_factory = std::function<caf::actor(const start_context&)>;
 
+/// Delivers an asynchronous start's child (invalid: the start failed). Any
+/// thread; only the first call counts.
+using start_done = std::function<void(caf::actor)>;
+
+/// Starts one incarnation without returning it: see "Asynchronous starts"
+/// above. The context's references are valid only during the call.
+using child_async_factory = std::function<void(const start_context&, start_done)>;
+
 struct child_spec {
   std::string id;             ///< unique within one supervisor, non-empty
-  child_factory start;        ///< required
+  child_factory start;        ///< required unless start_async is set
+  /// When set, used instead of `start` ("Asynchronous starts" above).
+  child_async_factory start_async;
   restart_type restart = restart_type::permanent;
   /// The factory may block (e.g. it waits for a remote node daemon's spawn
   /// reply, or ships weights first). The supervisor then runs it on a thread

@@ -551,3 +551,154 @@ TEST_CASE_METHOD(sup_fixture, "sv_exited: a detector's verdict restarts a live c
   CHECK(*starts == start_counts{{"a", 1}, {"b", 1}, {"c", 2}, {"d", 1}});
   track(sup);
 }
+
+// -- asynchronous starts (child_spec::start_async, issue #15) -----------------
+
+namespace {
+
+// A start_async factory that keeps every `done` it is given, by incarnation,
+// so the test decides when (and with what) each start completes.
+struct held_starts {
+  std::vector<start_done> done;
+  std::vector<std::uint64_t> incarnations;
+};
+
+child_spec async_worker(const std::string& id, std::shared_ptr<held_starts> held) {
+  child_spec spec;
+  spec.id = id;
+  spec.start_async = [held](const start_context& ctx, start_done done) {
+    held->incarnations.push_back(ctx.incarnation);
+    held->done.push_back(std::move(done));
+  };
+  return spec;
+}
+
+caf::actor spawn_getter(caf::actor_system& sys, std::uint64_t inc) {
+  return sys.spawn([inc](caf::event_based_actor*) -> caf::behavior { return {[inc](get_atom) { return inc; }}; });
+}
+
+}  // namespace
+
+TEST_CASE_METHOD(sup_fixture, "an asynchronous start: starting until done, then supervised as any child",
+                 "[supervisor][async_start]") {
+  auto held = std::make_shared<held_starts>();
+  supervisor_config cfg;
+  cfg.name = "s";
+  cfg.children = {worker("a", starts), async_worker("r", held)};
+  auto sup = spawn(cfg);
+  REQUIRE(held->done.size() == 1);
+  CHECK(held->incarnations[0] == 0);
+  CHECK_FALSE(children(sup)[1].handle);  // starting: no handle yet
+  // A sibling's crash is handled while the start is in flight.
+  crash(children(sup)[0].handle);
+  run();
+  CHECK(children(sup)[0].restarts == 1);
+  auto h0 = spawn_getter(sys, 0);
+  held->done[0](h0);
+  held->done[0](spawn_getter(sys, 99));  // a second call is ignored
+  run();
+  CHECK(children(sup)[1].handle == h0);
+  CHECK(events->count(supervisor_event_kind::child_restarted) == 1);  // a's; a first start emits none
+  // Its crash restarts it asynchronously: child_restarted only once the start completes.
+  crash(h0);
+  run();
+  REQUIRE(held->done.size() == 2);
+  CHECK(held->incarnations[1] == 1);
+  CHECK_FALSE(children(sup)[1].handle);
+  CHECK(events->count(supervisor_event_kind::child_restarted) == 1);
+  auto h1 = spawn_getter(sys, 1);
+  held->done[1](h1);
+  run();
+  auto kids = children(sup);
+  CHECK(kids[1].handle == h1);
+  CHECK(kids[1].restarts == 1);
+  CHECK(events->count(supervisor_event_kind::child_restarted) == 2);
+  CHECK(events->sv_events.back().child == "r");
+  track(sup);
+}
+
+TEST_CASE_METHOD(sup_fixture, "an asynchronous start that fails: the first stops the supervisor, a restart is one more exit",
+                 "[supervisor][async_start]") {
+  SECTION("first start") {
+    auto held = std::make_shared<held_starts>();
+    supervisor_config cfg;
+    cfg.name = "s";
+    cfg.children = {async_worker("r", held)};
+    auto sup = spawn(cfg);
+    auto watch_log = std::make_shared<event_log>();
+    recorder(watch_log, {sup});
+    run();
+    REQUIRE(held->done.size() == 1);
+    held->done[0](caf::actor{});
+    run();
+    REQUIRE(watch_log->down_reasons.size() == 1);
+    CHECK(describe(watch_log->down_reasons[0]) ==
+          "child_start_failed: supervisor 's': child 'r' could not be started");
+  }
+  SECTION("restart") {
+    auto held = std::make_shared<held_starts>();
+    supervisor_config cfg;
+    cfg.name = "s";
+    cfg.children = {async_worker("r", held)};
+    auto sup = spawn(cfg);
+    auto h0 = spawn_getter(sys, 0);
+    held->done[0](h0);
+    run();
+    crash(h0);
+    run();
+    REQUIRE(held->done.size() == 2);
+    held->done[1](caf::actor{});  // the restart fails: counted, and tried again
+    run();
+    REQUIRE(held->done.size() == 3);
+    CHECK(held->incarnations == std::vector<std::uint64_t>{0, 1, 2});
+    auto h2 = spawn_getter(sys, 2);
+    held->done[2](h2);
+    run();
+    CHECK(children(sup)[0].handle == h2);
+    CHECK(stats(sup).total_restarts == 2);
+    track(sup);
+  }
+}
+
+TEST_CASE_METHOD(sup_fixture, "a late asynchronous result is killed once the supervisor is gone",
+                 "[supervisor][async_start]") {
+  auto held = std::make_shared<held_starts>();
+  supervisor_config cfg;
+  cfg.name = "s";
+  cfg.children = {async_worker("r", held)};
+  auto sup = spawn(cfg);
+  REQUIRE(held->done.size() == 1);
+  caf::anon_send(sup, sv_stop_atom::value);
+  run();
+  // The supervisor is gone: the courier's request bounces and the handle is killed.
+  auto late = spawn_getter(sys, 0);
+  held->done[0](late);
+  run();
+  CHECK(downs_of({late}) == std::vector<caf::error>{caf::make_error(caf::exit_reason::kill)});
+}
+
+TEST_CASE_METHOD(sup_fixture, "a result for an attempt the supervisor no longer waits for is killed",
+                 "[supervisor][async_start]") {
+  // one_for_all: a sibling's crash terminates the starting child and starts
+  // it again; the first attempt's result arrives afterwards.
+  auto held = std::make_shared<held_starts>();
+  supervisor_config cfg;
+  cfg.name = "s";
+  cfg.strategy = restart_strategy::one_for_all;
+  cfg.children = {worker("a", starts), async_worker("r", held)};
+  auto sup = spawn(cfg);
+  REQUIRE(held->done.size() == 1);
+  crash(children(sup)[0].handle);
+  run();
+  REQUIRE(held->done.size() == 2);
+  auto stale = spawn_getter(sys, 0);
+  held->done[0](stale);
+  run();
+  CHECK(downs_of({stale}) == std::vector<caf::error>{caf::make_error(caf::exit_reason::kill)});
+  CHECK_FALSE(children(sup)[1].handle);
+  auto fresh = spawn_getter(sys, 1);
+  held->done[1](fresh);
+  run();
+  CHECK(children(sup)[1].handle == fresh);
+  track(sup);
+}
