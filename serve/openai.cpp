@@ -196,4 +196,26 @@ size_t visible_length(const std::string& text, const std::vector<std::string>& s
   return text.size() - hold;
 }
 
+size_t utf8_complete_length(const std::string& text, size_t n) {
+  n = std::min(n, text.size());
+  // Walk back over at most 3 continuation bytes to the sequence's lead byte.
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto b = static_cast<unsigned char>(text[n - back]);
+    if ((b & 0xC0) == 0x80) continue;  // continuation byte
+    size_t need = 1;
+    if ((b & 0xE0) == 0xC0)
+      need = 2;
+    else if ((b & 0xF0) == 0xE0)
+      need = 3;
+    else if ((b & 0xF8) == 0xF0)
+      need = 4;
+    return need > back ? n - back : n;
+  }
+  return n;  // only continuation bytes (or none): nothing to wait for
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace cellshard::serve

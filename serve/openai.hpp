@@ -90,4 +90,17 @@ cellshard::result<cellshard::model::chat::prompt> chat_prompt(cellshard::model::
 /// the next token decides).
 size_t visible_length(const std::string& text, const std::vector<std::string>& stop, bool* hit);
 
+/// UTF-8 in a stream: the largest n' <= n such that text[0, n') does not end
+/// inside a multi-byte sequence (a lead byte 110xxxxx, 1110xxxx or 11110xxx,
+/// RFC 3629, whose continuation bytes are not all within n). A token may
+/// carry part of a character (byte-level BPE, SentencePiece byte fallback);
+/// the rest is held back until the next token completes it. Bytes that can
+/// never be valid are not held (the JSON writer replaces them with U+FFFD).
+size_t utf8_complete_length(const std::string& text, size_t n);
+
+/// JSON text of `j` with invalid UTF-8 in its strings replaced by U+FFFD
+/// (nlohmann's default throws type_error 316: a model may well generate
+/// such bytes).
+std::string dump_json(const nlohmann::json& j);
+
 }  // namespace cellshard::serve

@@ -89,7 +89,7 @@ struct server::impl {
 
   void send_error(httplib::Response& res, const api_error& e) {
     res.status = e.status;
-    res.set_content(error_body(e).dump(), "application/json");
+    res.set_content(dump_json(error_body(e)), "application/json");
   }
 
   json health();
@@ -396,11 +396,20 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
     ++cons->tokens;
     cons->text += piece;
     bool hit = false;
-    const size_t vis = stop.empty() ? cons->text.size() : visible_length(cons->text, stop, &hit);
+    size_t vis = stop.empty() ? cons->text.size() : visible_length(cons->text, stop, &hit);
+    if (!hit) vis = utf8_complete_length(cons->text, vis);  // a character split over tokens waits
     std::string delta = vis > cons->sent ? cons->text.substr(cons->sent, vis - cons->sent) : std::string();
     cons->sent = std::max(cons->sent, vis);
     if (hit) cons->stopped = true;
     return delta;
+  };
+  // At the end: what was held back and never decided (a possible start of
+  // a stop string, part of a character) is text the model generated.
+  auto rest = [cons]() {
+    if (cons->stopped || cons->sent >= cons->text.size()) return std::string();
+    std::string d = cons->text.substr(cons->sent);
+    cons->sent = cons->text.size();
+    return d;
   };
   auto finish_reason = [cons, max_tokens](const generation& gen) -> std::string {
     if (cons->stopped) return "stop";
@@ -449,6 +458,7 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
       return fail({gone ? 503 : 500, "generation failed: " + error, "server_error", "",
                    gone ? "cluster_failed" : "generation_failed"});
     }
+    rest();
     const std::string text = cons->text.substr(0, cons->sent);
     json body;
     body["id"] = rid;
@@ -467,7 +477,7 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
     }
     body["usage"] = usage();
     body["system_fingerprint"] = nullptr;
-    res.set_content(body.dump(), "application/json");
+    res.set_content(dump_json(body), "application/json");
     count(route, 200);
     return;
   }
@@ -505,7 +515,7 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
   const bool echo = r.echo, include_usage = r.include_usage;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [g, cons, ss, cl, id, take, chunk, finish_reason, usage, echo, include_usage, deadline](size_t,
+      [g, cons, ss, cl, id, take, rest, chunk, finish_reason, usage, echo, include_usage, deadline](size_t,
                                                                                               httplib::DataSink& sink) {
         auto write = [&](const std::string& s) {
           ss->last_write = clock_type::now();
@@ -526,7 +536,7 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
           if (ss->first && echo) delta = echo_text + delta;
           const json c = chunk(delta, nullptr, ss->first);
           ss->first = false;
-          if (!write("id: " + std::to_string(ss->index++) + "\ndata: " + c.dump() + "\n\n")) return false;
+          if (!write("id: " + std::to_string(ss->index++) + "\ndata: " + dump_json(c) + "\n\n")) return false;
         }
         const bool timed_out = clock_type::now() >= deadline;
         if (cons->stopped || done || timed_out) {
@@ -535,16 +545,22 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
           const std::string reason = finish_reason(*g);
           l2.unlock();
           if (!cons->stopped && (timed_out || !ok) && !done) {
-            write("data: " + error_body({504, "the request did not finish in time", "server_error"}).dump() + "\n\n");
+            write("data: " + dump_json(error_body({504, "the request did not finish in time", "server_error"})) + "\n\n");
           } else if (!cons->stopped && done && !ok) {
-            write("data: " + error_body({500, "generation failed: " + error, "server_error"}).dump() + "\n\n");
+            write("data: " + dump_json(error_body({500, "generation failed: " + error, "server_error"})) + "\n\n");
           } else {
-            if (!write("data: " + chunk("", reason, ss->first).dump() + "\n\n")) return false;
+            const std::string last = rest();
+            if (!last.empty()) {
+              // Not a token of its own: no event id (ids count tokens).
+              if (!write("data: " + dump_json(chunk(last, nullptr, ss->first)) + "\n\n")) return false;
+              ss->first = false;
+            }
+            if (!write("data: " + dump_json(chunk("", reason, ss->first)) + "\n\n")) return false;
             if (include_usage) {
               json u = chunk("", nullptr, false);
               u["choices"] = json::array();
               u["usage"] = usage();
-              write("data: " + u.dump() + "\n\n");
+              write("data: " + dump_json(u) + "\n\n");
             }
           }
           write("data: [DONE]\n\n");
@@ -639,13 +655,13 @@ result<std::string> server::bind() {
   });
   http.Get("/v1/models", [self](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", self->opts.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "cellshard"}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
     self->count("/v1/models", 200);
   });
   http.Get("/health", [self](const httplib::Request&, httplib::Response& res) {
     const json h = self->health();
     res.status = h["status"] == "failed" ? 503 : 200;
-    res.set_content(h.dump(), "application/json");
+    res.set_content(dump_json(h), "application/json");
     self->count("/health", res.status);
   });
   http.Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
@@ -653,7 +669,7 @@ result<std::string> server::bind() {
     self->count("/metrics", 200);
   });
   http.Get("/v1/cluster", [self](const httplib::Request&, httplib::Response& res) {
-    res.set_content(self->cluster_view().dump(), "application/json");
+    res.set_content(dump_json(self->cluster_view()), "application/json");
   });
   if (o.allow_fault_injection && im.inject)
     http.Post("/v1/cluster/fault", [self](const httplib::Request& req, httplib::Response& res) {
@@ -668,7 +684,7 @@ result<std::string> server::bind() {
         return self->send_error(res, {400, "expected {\"node\": integer, \"kind\": \"crash\" | \"freeze\"}"});
       auto r = self->inject(j["node"].get<int>(), j["kind"].get<std::string>());
       if (!r) return self->send_error(res, {409, r.message(), "invalid_request_error", "node"});
-      res.set_content(json{{"ok", true}}.dump(), "application/json");
+      res.set_content(dump_json(json{{"ok", true}}), "application/json");
     });
   http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(page_html(), "text/html"); });
 

@@ -135,3 +135,29 @@ TEST_CASE("serve histogram: cumulative buckets, sum and count in the Prometheus 
   CHECK(t.find("cellshard_x_seconds_count 5\n") != std::string::npos);
   CHECK(exponential_buckets(0.001, 2, 3) == std::vector<double>{0.001, 0.002, 0.004});
 }
+
+TEST_CASE("serve utf8_complete_length: a character split over tokens is held back, bytes that cannot complete are not", "[serve][unit]") {
+  const std::string e_acute = "\xC3\xA9";            // U+00E9, 2 bytes
+  const std::string kanji = "\xE6\x97\xA5";          // U+65E5, 3 bytes
+  const std::string emoji = "\xF0\x9F\x98\x80";      // U+1F600, 4 bytes
+  CHECK(utf8_complete_length("abc", 3) == 3);
+  CHECK(utf8_complete_length("ab" + e_acute, 4) == 4);
+  CHECK(utf8_complete_length("ab" + e_acute.substr(0, 1), 3) == 2);
+  CHECK(utf8_complete_length("a" + kanji.substr(0, 2), 3) == 1);
+  CHECK(utf8_complete_length("a" + kanji, 4) == 4);
+  for (size_t k = 1; k < 4; ++k) CHECK(utf8_complete_length("x" + emoji.substr(0, k), 1 + k) == 1);
+  CHECK(utf8_complete_length("x" + emoji, 5) == 5);
+  // n below the size: only text[0, n) counts.
+  CHECK(utf8_complete_length("a" + kanji + "b", 3) == 1);
+  // A stray continuation byte or an invalid lead byte never completes: not held.
+  CHECK(utf8_complete_length("a\x80", 2) == 2);
+  CHECK(utf8_complete_length("a\xFF", 2) == 2);
+  CHECK(utf8_complete_length("", 0) == 0);
+}
+
+TEST_CASE("serve dump_json: invalid UTF-8 from a model becomes U+FFFD instead of an exception", "[serve][unit]") {
+  nlohmann::json j;
+  j["text"] = std::string("ok \xE6\x97");  // a character cut off at the end of a generation
+  CHECK(dump_json(j) == "{\"text\":\"ok \xEF\xBF\xBD\"}");
+  CHECK_THROWS(j.dump());  // what the server did before (type_error 316, a dead stream)
+}
