@@ -24,7 +24,7 @@ size_t agreeing_prefix(const std::vector<int>& got, const std::vector<int>& want
 }
 }  // namespace
 
-TEST_CASE("--sync q8_0 on tensor 2, 3, 4 and hybrid 2x2 agrees with the fixtures at the documented rate",
+TEST_CASE("sync q8_0 on tensor 2, 3, 4 and hybrid 2x2 agrees with the fixtures at the documented rate",
           "[actors][fixtures][sync]") {
   if (!test::have_shared()) return;
   struct topo {
@@ -93,7 +93,7 @@ TEST_CASE("--sync q8_0 on tensor 2, 3, 4 and hybrid 2x2 agrees with the fixtures
 
 // The bytes a rank > 0 of a tensor group sends per reduce are the q8_0
 // blocks' (34 per 32 floats), against 4 per float with f32 sync.
-TEST_CASE("--sync q8_0 sends q8_0 blocks", "[actors][sync]") {
+TEST_CASE("sync q8_0 sends q8_0 blocks", "[actors][sync]") {
   if (!test::have_shared()) return;
   const auto& fc = test::fixture_cases().front();
   uint64_t sent[2] = {0, 0};

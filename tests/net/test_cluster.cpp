@@ -346,7 +346,7 @@ TEST_CASE("daemons shape their links as in-process nodes do, and the front end m
 // q8_0 blocks (the data plane's frames) and every receiver dequantizes
 // exactly what the sender summed itself, so a greedy fixture's text over 4
 // daemons equals the in-process run's with the same sync, for both reduces.
-TEST_CASE("--sync q8_0 over 4 node processes gives the in-process q8_0 ids", "[net][sync]") {
+TEST_CASE("sync q8_0 over 4 node processes gives the in-process q8_0 ids", "[net][sync]") {
   if (!test::have_shared()) return;
   four_nodes c("net-sync-q8");
   const std::string file = test::write_cluster_file(c.dir + "/cluster.json", c.ports);
