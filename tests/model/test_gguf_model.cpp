@@ -10,6 +10,7 @@
 #include "model/transformer.hpp"
 #include "tests/model/float64_ref.hpp"
 #include "tests/model/greedy.hpp"
+#include "tests/model/gguf_swap.hpp"
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
@@ -396,18 +397,9 @@ TEST_CASE("gguf model: a byte-swapped file loads (big-endian host path)", "[gguf
   // Rewrite every number and every tensor's data in the other byte order,
   // then read it with force_swap: same logits as the original.
   auto g = model::gguf::file::open(path).value();
-  model::gguf::writer w;
-  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
-  for (const auto& t : g->tensors()) {
-    std::vector<uint8_t> data(t.data, t.data + t.bytes);
-    kernels::dtype dt;
-    REQUIRE(kernels::dtype_from_ggml(t.type, &dt));
-    kernels::swap_rows(dt, data.data(), static_cast<int>(t.rows()), static_cast<int>(t.ne[0]));
-    w.add_tensor(t.name, t.ne, t.type, std::move(data));
-  }
   model::load_options o;
   o.force_swap = true;
-  auto swapped = model::model_file::from_bytes(w.bytes(3, true), "swapped.gguf", o);
+  auto swapped = model::model_file::from_bytes(test::gguf_swapped(*g), "swapped.gguf", o);
   REQUIRE(swapped.ok());
   const std::vector<int> ids = {1, 403, 407};
   CHECK(logits_of(*swapped, ids, kernels::matmul_mode::ggml) ==

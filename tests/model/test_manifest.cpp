@@ -8,6 +8,7 @@
 
 #include "model/gguf.hpp"
 #include "model/quant.hpp"
+#include "tests/model/gguf_swap.hpp"
 #include "model/synth.hpp"
 #include "model/transformer.hpp"
 #include "tests/support.hpp"
@@ -105,20 +106,9 @@ std::vector<uint8_t> words_swapped(std::vector<uint8_t> b) {
   return b;
 }
 
-/// The GGUF image `bytes` rewritten in the other byte order (every number
-/// and every tensor's elements).
+/// The GGUF image `bytes` rewritten in the other byte order.
 std::vector<uint8_t> gguf_swapped(const std::vector<uint8_t>& bytes) {
-  auto g = model::gguf::file::from_bytes(bytes, "in.gguf").value();
-  model::gguf::writer w;
-  for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
-  for (const auto& t : g->tensors()) {
-    std::vector<uint8_t> data(t.data, t.data + t.bytes);
-    kernels::dtype dt;
-    REQUIRE(kernels::dtype_from_ggml(t.type, &dt));
-    kernels::swap_rows(dt, data.data(), static_cast<int>(t.rows()), static_cast<int>(t.ne[0]));
-    w.add_tensor(t.name, t.ne, t.type, std::move(data));
-  }
-  return w.bytes(3, true);
+  return test::gguf_swapped(*model::gguf::file::from_bytes(bytes, "in.gguf").value());
 }
 
 /// `a` (a file of one byte order) and `b` (the same model in the other) give
