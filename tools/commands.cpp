@@ -3,6 +3,10 @@
 namespace cellshard::tools {
 void add_commands(CLI::App& app, int& status) {
   add_run(app, status);
+#if defined(CELLSHARD_DAEMON_ONLY)
+  // The daemon-only build (CMake option CELLSHARD_DAEMON_ONLY): run and node.
+  add_node(app, status);
+#else
   add_synth(app, status);
   add_bench(app, status);
   add_chaos(app, status);
@@ -17,5 +21,6 @@ void add_commands(CLI::App& app, int& status) {
   add_inspect(app, status);
   add_serve(app, status);
   add_bench_serve(app, status);
+#endif
 }
 }  // namespace cellshard::tools
