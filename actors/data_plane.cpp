@@ -116,6 +116,11 @@ bool data_plane::enabled_by_env() {
   return !(v && std::string(v) == "caf");
 }
 
+bool data_plane::fused_by_env() {
+  const char* v = std::getenv("CELLSHARD_DATA_PLANE");
+  return !(v && std::string(v) == "unfused");
+}
+
 caf::expected<std::shared_ptr<data_plane>> data_plane::start(const std::string& host,
                                                             std::function<void(const std::string&)> log) {
   addrinfo hints{};
@@ -178,9 +183,9 @@ data_plane::~data_plane() {
   }
 }
 
-void data_plane::attach(const caf::actor& a) {
+void data_plane::attach(const caf::actor& a, sink s) {
   std::lock_guard<std::mutex> g(mu_);
-  local_[a.id()] = a.address();
+  local_[a.id()] = local_actor{a.address(), s ? std::make_shared<sink>(std::move(s)) : nullptr};
 }
 
 void data_plane::detach(caf::actor_id id) {
@@ -538,12 +543,18 @@ bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial
 
 void data_plane::deliver_local(uint64_t dest, partial_sum&& m) {
   caf::actor to;
+  std::shared_ptr<sink> take;
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = local_.find(dest);
-    if (it != local_.end()) to = caf::actor_cast<caf::actor>(it->second);
+    if (it != local_.end()) {
+      to = caf::actor_cast<caf::actor>(it->second.addr);
+      take = it->second.take;
+    }
   }
-  if (to) caf::anon_send(to, std::move(m));  // an actor that is gone: dropped, as CAF would
+  if (!to) return;  // an actor that is gone: dropped, as CAF would
+  if (take && (*take)(m)) return;
+  caf::anon_send(to, std::move(m));
 }
 
 void data_plane::accept_loop() {

@@ -37,6 +37,11 @@
 // strangers from injecting frames into a plain (loopback or --insecure)
 // daemon. CELLSHARD_DATA_PLANE=caf switches it off (comparisons).
 //
+// A sink (attach) lets a shard take partial sums on the reader's thread:
+// actors/shard.cpp's fused jobs run a tensor group's layer halves and their
+// reductions on the compute worker, which then waits for its peers' partials
+// without a hop through the actor (CELLSHARD_DATA_PLANE=unfused: not used).
+//
 // Thread safety: every member function may be called from any thread.
 #pragma once
 
@@ -89,14 +94,26 @@ public:
                                                           std::function<void(const std::string&)> log = {});
   /// True unless CELLSHARD_DATA_PLANE=caf.
   static bool enabled_by_env();
+  /// False when CELLSHARD_DATA_PLANE=unfused: partial sums still take the
+  /// sockets, but every one goes through the shard actor's mailbox and each
+  /// layer half is a job of its own (the path before actors/shard.cpp's fused
+  /// jobs; for comparisons: bench peers --cluster --data-plane socket,unfused).
+  static bool fused_by_env();
   ~data_plane();
   data_plane(const data_plane&) = delete;
   data_plane& operator=(const data_plane&) = delete;
 
   data_endpoint endpoint() const { return ep_; }
 
-  /// Frames addressed to a.id() are delivered to `a` (held weakly).
-  void attach(const caf::actor& a);
+  /// Takes a partial sum on the reader's thread instead of `a`'s mailbox:
+  /// true when it took it (then `a` never sees it), false to deliver it to
+  /// `a` as usual. Called without the plane's locks held; must not block for
+  /// long (the link's next frames wait behind it).
+  using sink = std::function<bool(partial_sum&)>;
+  /// Frames addressed to a.id() are delivered to `a` (held weakly), offered
+  /// first to `s` when given (actors/shard.cpp: a compute job in the middle
+  /// of a step's reductions takes them there, without a hand-off).
+  void attach(const caf::actor& a, sink s = {});
   void detach(caf::actor_id id);
 
   /// Sends `m` to actor `dest` of peer `peer` (any string naming the peer
@@ -139,7 +156,11 @@ private:
   mutable std::mutex mu_;  // links_, readers_, local_
   std::map<std::string, std::shared_ptr<link>> links_;
   std::vector<std::pair<int, std::thread>> readers_;
-  std::unordered_map<caf::actor_id, caf::actor_addr> local_;
+  struct local_actor {
+    caf::actor_addr addr;
+    std::shared_ptr<sink> take;  // may be null
+  };
+  std::unordered_map<caf::actor_id, local_actor> local_;
   std::atomic<uint64_t> sent_{0}, received_{0}, bytes_sent_{0}, bytes_received_{0}, dropped_{0}, failed_{0},
       refused_{0};
 };

@@ -10,14 +10,28 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <tuple>
 #include <unordered_map>
 
 namespace cellshard::actors::shard_detail {
+
+/// Partial sums for the fused job of one step (post_fused): the job waits for
+/// its peers' partials here, filled by the data plane's reader threads
+/// (data_plane::sink) and by the actor's partial_sum handler. Guarded by its
+/// shard's fused_router::mu.
+struct fused_inbox {
+  uint32_t epoch = 0;
+  int32_t pos0 = 0;
+  bool abort = false;  // the step was abandoned (a newer epoch, the session closed)
+  std::map<std::pair<int32_t, int32_t>, std::vector<blob>> parts;  // (layer, phase) -> by rank
+  uint64_t bytes = 0;  // payload bytes taken from the data plane
+};
 
 /// Worker -> shard: the result of the compute op at `pc` of a step's program,
 /// computed off the scheduler threads (actors/worker.hpp). `x` is the step's
@@ -33,6 +47,15 @@ struct computed {
   std::vector<float> x;
   blob out;
   int64_t ns = 0;
+  // A fused job (post_fused): ops [pc, next_pc) ran on the worker, their
+  // reductions included. shared: it stopped in the reduce at next_pc (a peer's
+  // partial did not come in time) with `out` (this rank's partial, in its sync
+  // format) sent; the actor's reduce waits for the rest.
+  bool fused = false;
+  size_t next_pc = 0;
+  bool shared = false;
+  std::shared_ptr<fused_inbox> inbox;
+  std::vector<std::pair<int32_t, uint64_t>> sent;  // (peer node, payload bytes)
 };
 
 /// Worker -> shard: the logits of a step's last position (this shard's
@@ -85,6 +108,7 @@ namespace {
 using shard_detail::classified;
 using shard_detail::computed;
 using shard_detail::expert_done;
+using shard_detail::fused_inbox;
 using shard_detail::routed;
 using clock_type = std::chrono::steady_clock;
 /// A stage shard's expert request was not answered in time:
@@ -152,6 +176,55 @@ struct session_state {
   std::deque<activation> queued;
 };
 
+uint64_t payload_bytes(const blob& b);
+
+/// The fused jobs' inboxes of one shard, by session (at most one step of a
+/// session is on the worker). Shared with the data plane's sink, which runs on
+/// its reader threads: a partial sum for a step whose fused job is on the
+/// worker goes straight to that job, with no hop through the actor's mailbox.
+struct fused_router {
+  std::mutex mu;
+  std::condition_variable cv;  // a partial arrived or a job was aborted
+  std::unordered_map<uint64_t, std::shared_ptr<fused_inbox>> by_session;
+  int group_size = 0;
+  bool enabled = false;  // data plane on, and not CELLSHARD_DATA_PLANE=unfused
+
+  /// Takes `p` when the fused job of its step waits for it (checksum good,
+  /// rank and phase valid); false: the actor handles it as before.
+  /// `count`: its bytes are counted here (the actor counted those it handed over).
+  bool take(partial_sum& p, bool count) {
+    if (!p.data.ok() || p.phase < 0 || p.phase > 1 || p.rank < 0 || p.rank >= group_size) return false;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      auto it = by_session.find(p.id.session);
+      if (it == by_session.end()) return false;
+      auto& in = *it->second;
+      if (in.abort || in.epoch != p.id.epoch || in.pos0 != p.id.pos0) return false;
+      auto& v = in.parts[{p.layer, p.phase}];
+      if (v.size() != static_cast<size_t>(group_size)) v.resize(static_cast<size_t>(group_size));
+      if (count) in.bytes += payload_bytes(p.data);
+      v[static_cast<size_t>(p.rank)] = std::move(p.data);
+      // The job waits for the G - 1 partials of its peers: wake it once,
+      // when they are all here, not at each (a wake-up is a context switch).
+      int have = 0;
+      for (const auto& b : v) have += b.data.empty() ? 0 : 1;
+      if (have < group_size - 1) return true;
+    }
+    cv.notify_all();
+    return true;
+  }
+  /// The session's fused job (if any) stops at its next wait.
+  void abort(uint64_t session) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      auto it = by_session.find(session);
+      if (it == by_session.end()) return;
+      it->second->abort = true;
+    }
+    cv.notify_all();
+  }
+};
+
 struct shard_state {
   shard_init init;
   wiring wires;
@@ -178,6 +251,7 @@ struct shard_state {
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
   std::map<caf::node_id, std::string> peer_names;  // data plane keys, by CAF node
+  std::shared_ptr<fused_router> fused = std::make_shared<fused_router>();
   std::map<uint64_t, int64_t> last_due;    // by session: arrival (steady ns) of its last payload sent
   std::set<std::pair<uint64_t, int32_t>> classifying;  // (session, pos0) of classifier jobs in flight
   // Expert placement (issue #23). Stage shard: expert nodes taken for dead
@@ -336,6 +410,7 @@ session_state* session_for(shard_actor* self, const step_id& id, const caf::acto
   if (it != st.sessions.end()) {
     if (id.epoch < it->second.epoch) return nullptr;  // a stale message
     if (id.epoch > it->second.epoch) {
+      st.fused->abort(id.session);  // a fused job of the older epoch stops waiting
       it->second.epoch = id.epoch;
       it->second.busy = false;  // the step of the older epoch is abandoned
       it->second.queued.clear();
@@ -427,6 +502,11 @@ void checkpoint_step(shard_actor* self, session_state& ss) {
   ss.ckpt_end = end;
 }
 
+bool compute_layers(const model::shard_weights& w, const kernels::backend* be, model::kv_cache& kv,
+                    model::scratch& scr, int l0, int l1, bool attention, bool ffn, bool partial, int count,
+                    int chunk, int32_t pos0, std::vector<float>& x, std::vector<float>& outv,
+                    const std::atomic<bool>& cancelled);
+
 /// Posts the compute op `op` (at ss.pc) to the worker; its result comes back
 /// as a `computed` message (on_computed).
 void post_compute(shard_actor* self, uint64_t session, session_state& ss, const topologies::shard_step& op) {
@@ -454,41 +534,237 @@ void post_compute(shard_actor* self, uint64_t session, session_state& ss, const 
   st.worker->post([c = std::move(c), count, chunk, l0, l1, attention, ffn, weights, be, kv, scr, me,
                    kpool](const std::atomic<bool>& cancelled) mutable {
     kernels::pool::scope use_pool(kpool.get());
-    const auto& w = *weights;
-    const int dim = w.cfg().dim;
     const auto t0 = clock_type::now();
-    const size_t n = static_cast<size_t>(count) * dim;
-    c.out.data.resize(n);
-    for (int layer = l0; layer < l1; ++layer)
-      for (int phase = 0; phase < 2; ++phase) {
-        if ((phase == 0 && !attention) || (phase == 1 && !ffn)) continue;
-        // One position alone as before; more in chunks of `chunk` positions
-        // (bit-identical: model::*_partial_batch).
-        for (int i = 0; i < count; i += chunk) {
-          if (cancelled) return;  // the shard is going away
-          const int m = std::min(chunk, count - i);
-          const float* xi = c.x.data() + static_cast<size_t>(i) * dim;
-          float* out = c.out.data.data() + static_cast<size_t>(i) * dim;
-          if (m == 1) {
-            if (phase == 0)
-              model::attention_partial(*be, w, layer, xi, c.pos0 + i, *kv, *scr, out);
-            else
-              model::ffn_partial(*be, w, layer, xi, *scr, out);
-          } else if (phase == 0) {
-            model::attention_partial_batch(*be, w, layer, xi, c.pos0 + i, m, *kv, *scr, out);
-          } else {
-            model::ffn_partial_batch(*be, w, layer, xi, m, *scr, out);
-          }
-        }
-        if (c.partial) continue;  // a TP slice's partial: the reduce adds it
-        // A shard alone in its group: x += the half's output (as the reduce
-        // of a group of one would), so a step costs one hand-off, not 2 per layer.
-        const float* p = c.out.data.data();
-        for (size_t i = 0; i < n; ++i) c.x[i] += p[i];
-      }
+    if (!compute_layers(*weights, be, *kv, *scr, l0, l1, attention, ffn, c.partial, count, chunk, c.pos0, c.x,
+                        c.out.data, cancelled))
+      return;  // the shard is going away
     c.ns = since_ns(t0);
     if (auto to = caf::actor_cast<caf::actor>(me)) caf::anon_send(to, std::move(c));
   });
+}
+
+/// A compute op's kernels on the worker: layers [l0, l1), their attention
+/// and/or FFN halves, over `count` positions from pos0 of x ([count x dim]).
+/// out gets the last half's output; unless `partial`, each half's output is
+/// added to x. False when `cancelled` became true (the shard is going away).
+bool compute_layers(const model::shard_weights& w, const kernels::backend* be, model::kv_cache& kv,
+                    model::scratch& scr, int l0, int l1, bool attention, bool ffn, bool partial, int count,
+                    int chunk, int32_t pos0, std::vector<float>& x, std::vector<float>& outv,
+                    const std::atomic<bool>& cancelled) {
+  const int dim = w.cfg().dim;
+  const size_t n = static_cast<size_t>(count) * dim;
+  outv.resize(n);
+  for (int layer = l0; layer < l1; ++layer)
+    for (int phase = 0; phase < 2; ++phase) {
+      if ((phase == 0 && !attention) || (phase == 1 && !ffn)) continue;
+      // One position alone as before; more in chunks of `chunk` positions
+      // (bit-identical: model::*_partial_batch).
+      for (int i = 0; i < count; i += chunk) {
+        if (cancelled) return false;
+        const int m = std::min(chunk, count - i);
+        const float* xi = x.data() + static_cast<size_t>(i) * dim;
+        float* out = outv.data() + static_cast<size_t>(i) * dim;
+        if (m == 1) {
+          if (phase == 0)
+            model::attention_partial(*be, w, layer, xi, pos0 + i, kv, scr, out);
+          else
+            model::ffn_partial(*be, w, layer, xi, scr, out);
+        } else if (phase == 0) {
+          model::attention_partial_batch(*be, w, layer, xi, pos0 + i, m, kv, scr, out);
+        } else {
+          model::ffn_partial_batch(*be, w, layer, xi, m, scr, out);
+        }
+      }
+      if (partial) continue;  // a TP slice's partial: the reduce adds it
+      // A shard alone in its group: x += the half's output (as the reduce
+      // of a group of one would), so a step costs one hand-off, not 2 per layer.
+      const float* p = outv.data();
+      for (size_t i = 0; i < n; ++i) x[i] += p[i];
+    }
+  return true;
+}
+
+/// One (compute, reduce) pair of a fused job.
+struct fused_op {
+  int l0 = 0, l1 = 0;
+  bool attention = true, ffn = true;
+  int32_t layer = 0, phase = 0;  // the reduce's key
+  topologies::sync_format sync = topologies::sync_format::f32;
+};
+
+/// A peer a fused job sends its partials to.
+struct fused_target {
+  std::string peer;  // data plane key
+  caf::actor to;     // CAF fallback (a link that broke meanwhile)
+  int32_t node = 0;
+};
+
+/// How long a fused job waits for its peers' partials of one reduction before
+/// it gives the step back to the actor (whose reduce then waits as before: a
+/// dead or frozen peer is the session's business). Well above a loaded host's
+/// scheduling delays; a longer compute (a prefill) waits in proportion.
+constexpr std::chrono::milliseconds fused_wait{250};
+
+/// The tensor group's hot loop without hand-offs (issue #19): when the op at
+/// ss.pc starts a run of (compute partial, reduce direct_rank_order) pairs
+/// over peers of other daemons whose data-plane links are up, and nothing on
+/// this shard injects faults or shapes links, the whole run goes to the worker
+/// as one job. The job computes a layer half, sends its partial to every peer
+/// over the data plane from its own thread, waits for theirs in the step's
+/// inbox (fused_router: the data plane's reader threads put them there), adds
+/// them in rank order exactly as reduce_direct does (the same float
+/// operations: the same bits), and goes on with the next layer half. Before,
+/// each reduction cost three hand-offs between threads per rank (the worker's
+/// result to the actor, each peer's partial to the actor, the next compute to
+/// the worker); measured on 4 daemons on 2 cores, context switches were the
+/// largest cost (docs/distributed.md). False when the op does not qualify:
+/// post_compute then runs it as before.
+bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
+  using topologies::shard_op;
+  auto& st = self->state;
+  const auto& prog = st.program;
+  if (!st.init.node) return false;
+  const auto& dp = st.init.node->data;
+  if (!dp || !st.fused->enabled || st.hooks || st.drop_left > 0 || st.corrupt_left > 0 || !st.init.node->shaper ||
+      st.init.node->shaper->shaped())
+    return false;
+  std::vector<fused_op> ops;
+  const size_t pc0 = ss.pc;
+  for (size_t pc = pc0; pc + 1 < prog.size(); pc += 2) {
+    const auto& c = prog[pc];
+    const auto& r = prog[pc + 1];
+    if (c.op != shard_op::compute || !c.partial || r.op != shard_op::reduce ||
+        r.algorithm != topologies::reduce_algorithm::direct_rank_order || r.peers != prog[pc0 + 1].peers)
+      break;
+    fused_op f;
+    f.l0 = c.layers.begin;
+    f.l1 = c.layers.end;
+    f.attention = c.part != topologies::layer_part::ffn;
+    f.ffn = c.part != topologies::layer_part::attention;
+    f.layer = r.layers.begin;
+    f.phase = r.part == topologies::layer_part::ffn ? 1 : 0;
+    f.sync = r.sync;
+    ops.push_back(f);
+  }
+  if (ops.empty()) return false;
+  const auto& peers = prog[pc0 + 1].peers;
+  const int T = static_cast<int>(peers.size());
+  const int me = static_cast<int>(std::find(peers.begin(), peers.end(), st.init.index) - peers.begin());
+  if (T < 2 || me >= T || T != st.fused->group_size) return false;
+  std::vector<fused_target> targets;
+  for (int r = 0; r < T; ++r) {
+    if (r == me) continue;
+    fused_target t;
+    if (!peer_of(st, peers[static_cast<size_t>(r)], t.to, t.node) || !t.to || t.to.node() == self->node() ||
+        t.node == st.init.node->index)
+      return false;
+    auto it = st.peer_names.find(t.to.node());
+    if (it == st.peer_names.end()) return false;  // no partial sent there yet: send_data asks for the link
+    t.peer = it->second;
+    if (!dp->link_up(t.peer)) return false;
+    targets.push_back(std::move(t));
+  }
+  // The step's inbox, with what already came for it.
+  auto inbox = std::make_shared<fused_inbox>();
+  inbox->epoch = ss.id.epoch;
+  inbox->pos0 = ss.id.pos0;
+  for (const auto& f : ops) {
+    auto it = st.partials.find(std::make_tuple(session, ss.id.epoch, ss.id.pos0, f.layer, f.phase));
+    if (it == st.partials.end()) continue;
+    inbox->parts[{f.layer, f.phase}] = std::move(it->second);
+    st.partials.erase(it);
+  }
+  auto router = st.fused;
+  {
+    std::lock_guard<std::mutex> g(router->mu);
+    router->by_session[session] = inbox;
+  }
+  ss.computing = true;
+  ss.posted = true;
+  computed c;
+  c.session = session;
+  c.epoch = ss.id.epoch;
+  c.pos0 = ss.id.pos0;
+  c.pc = pc0;
+  c.fused = true;
+  c.inbox = inbox;
+  c.x = std::move(ss.x);
+  const int count = ss.id.count;
+  const int chunk = std::max(1, st.init.batch_size);
+  const step_id id = ss.id;
+  auto weights = st.init.weights;
+  const kernels::backend* be = st.init.backend;
+  auto kv = ss.kv;
+  auto scr = ss.s;
+  caf::actor_addr self_addr = self->address();
+  std::shared_ptr<kernels::pool> kpool = st.init.node->kernel_pool;
+  std::shared_ptr<data_plane> plane = dp;
+  st.worker->post([c = std::move(c), ops = std::move(ops), targets = std::move(targets), count, chunk, id, T, me,
+                   weights, be, kv, scr, self_addr, kpool, plane,
+                   router](const std::atomic<bool>& cancelled) mutable {
+    kernels::pool::scope use_pool(kpool.get());
+    const size_t n = static_cast<size_t>(count) * weights->cfg().dim;
+    std::map<int32_t, uint64_t> sent;
+    size_t at = 0;
+    for (; at < ops.size(); ++at) {
+      const auto& f = ops[at];
+      {
+        std::lock_guard<std::mutex> g(router->mu);
+        if (c.inbox->abort) break;  // the step was abandoned: the actor starts the next
+      }
+      const auto t0 = clock_type::now();
+      blob own;
+      if (!compute_layers(*weights, be, *kv, *scr, f.l0, f.l1, f.attention, f.ffn, true, count, chunk, id.pos0, c.x,
+                          own.data, cancelled))
+        return;  // the shard is going away
+      const int64_t ns = since_ns(t0);
+      c.ns += ns;
+      to_sync_format(own, f.sync);
+      {
+        const partial_sum p{id, f.layer, f.phase, me, own};
+        const uint64_t bytes = payload_bytes(own);
+        for (const auto& t : targets) {
+          sent[t.node] += bytes;
+          if (!plane->send(t.peer, t.to.id(), p)) caf::anon_send(t.to, p);
+        }
+      }
+      std::vector<blob> parts;
+      {
+        std::unique_lock<std::mutex> lk(router->mu);
+        const auto key = std::make_pair(f.layer, f.phase);
+        auto ready = [&] {
+          auto it = c.inbox->parts.find(key);
+          if (it == c.inbox->parts.end() || it->second.size() != static_cast<size_t>(T)) return false;
+          for (int r = 0; r < T; ++r)
+            if (r != me && it->second[static_cast<size_t>(r)].data.size() != n) return false;
+          return true;
+        };
+        const auto until = clock_type::now() + fused_wait + std::chrono::nanoseconds(4 * ns);
+        while (!ready() && !c.inbox->abort && !cancelled && clock_type::now() < until)
+          router->cv.wait_for(lk, std::chrono::milliseconds(10));
+        if (!ready()) {  // the actor's reduce waits for the rest
+          c.shared = true;
+          c.out = std::move(own);
+          break;
+        }
+        auto it = c.inbox->parts.find(key);
+        parts = std::move(it->second);
+        c.inbox->parts.erase(it);
+      }
+      // x += p_0 + p_1 + ... + p_{T-1}, as reduce_direct sums them.
+      parts[static_cast<size_t>(me)] = std::move(own);
+      std::vector<float> acc = std::move(parts[0].data);
+      for (int r = 1; r < T; ++r) {
+        const float* p = parts[static_cast<size_t>(r)].data.data();
+        for (size_t i = 0; i < n; ++i) acc[i] += p[i];
+      }
+      for (size_t i = 0; i < n; ++i) c.x[i] += acc[i];
+    }
+    c.next_pc = c.pc + 2 * at + (c.shared ? 1 : 0);
+    c.sent.assign(sent.begin(), sent.end());
+    if (auto to = caf::actor_cast<caf::actor>(self_addr)) caf::anon_send(to, std::move(c));
+  });
+  return true;
 }
 
 /// Posts the classifier of this shard's vocabulary rows for the step's last
@@ -917,7 +1193,7 @@ void run_program(shard_actor* self, uint64_t session, session_state& ss) {
         ++ss.pc;
         break;
       case shard_op::compute:
-        if (!ss.posted) post_compute(self, session, ss, op);
+        if (!ss.posted && !post_fused(self, session, ss)) post_compute(self, session, ss, op);
         return;  // on_computed goes on
       case shard_op::reduce:
         if (!run_reduce(self, session, ss, op)) return;  // waits for peers (the partial_sum handler resumes)
@@ -1005,6 +1281,60 @@ void on_computed(shard_actor* self, computed& c) {
   ss.posted = false;
   if (c.partial) ss.own = std::move(c.out);
   ++ss.pc;
+  run_program(self, c.session, ss);
+}
+
+/// The fused job's inbox leaves the router; what it still holds (partials of
+/// later reductions, or of the one it stopped in) is returned.
+std::map<std::pair<int32_t, int32_t>, std::vector<blob>> disarm_fused(shard_actor* self, computed& c,
+                                                                      uint64_t& bytes) {
+  auto& router = *self->state.fused;
+  std::lock_guard<std::mutex> g(router.mu);
+  auto it = router.by_session.find(c.session);
+  if (it != router.by_session.end() && it->second == c.inbox) router.by_session.erase(it);
+  bytes = c.inbox->bytes;
+  return std::move(c.inbox->parts);
+}
+
+/// A fused job (post_fused) ended: its traffic is counted, the partials it
+/// did not use go where the actor's reduce looks for them, and the program
+/// goes on at next_pc (in the reduce it stopped in, with its partial shared,
+/// or after its last reduction).
+void on_fused(shard_actor* self, computed& c) {
+  auto& st = self->state;
+  uint64_t received = 0;
+  auto left = disarm_fused(self, c, received);
+  st.bytes_received += received;
+  for (const auto& s : c.sent) count_sent(self, s.first, s.second);
+  if (!c.sent.empty()) {
+    auto& due = st.last_due[c.session];
+    due = std::max<int64_t>(due, clock_type::now().time_since_epoch().count());
+  }
+  st.compute_ns += c.ns;
+  session_state* cur = job_ended(self, c.session, c.epoch, c.pos0, c.pc);
+  if (!cur) return;
+  auto& ss = *cur;
+  const size_t G = static_cast<size_t>(st.init.group_size);
+  for (auto& kv : left) {
+    auto& parts = st.partials[std::make_tuple(c.session, c.epoch, c.pos0, kv.first.first, kv.first.second)];
+    if (parts.size() != G) parts.resize(G);
+    for (size_t r = 0; r < kv.second.size() && r < G; ++r)
+      if (!kv.second[r].data.empty()) parts[r] = std::move(kv.second[r]);
+  }
+  ss.x = std::move(c.x);
+  ss.compute_ns += c.ns;
+  ss.posted = false;
+  ss.pc = c.next_pc;
+  if (c.shared && ss.pc < st.program.size()) {
+    const auto& op = st.program[ss.pc];
+    const int me =
+        static_cast<int>(std::find(op.peers.begin(), op.peers.end(), st.init.index) - op.peers.begin());
+    auto& parts = st.partials[std::make_tuple(c.session, c.epoch, c.pos0, op.layers.begin,
+                                              op.part == topologies::layer_part::ffn ? 1 : 0)];
+    if (parts.size() != G) parts.resize(G);
+    if (static_cast<size_t>(me) < G) parts[static_cast<size_t>(me)] = std::move(c.out);
+    ss.shared = true;
+  }
   run_program(self, c.session, ss);
 }
 
@@ -1128,6 +1458,7 @@ std::string check_wiring(const shard_state& st, const wiring& w, std::vector<top
 
 void drop_session(shard_actor* self, uint64_t session) {
   auto& st = self->state;
+  st.fused->abort(session);
   auto it = st.sessions.find(session);
   if (it != st.sessions.end()) {
     st.init.node->release(it->second.charged);
@@ -1284,7 +1615,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   });
   if (st0.init.node && st0.init.node->data) {  // partial sums from other daemons' sockets
     auto dp = st0.init.node->data;
-    dp->attach(caf::actor_cast<caf::actor>(self));
+    st0.fused->group_size = st0.init.group_size;
+    st0.fused->enabled = data_plane::fused_by_env();
+    auto router = st0.fused;
+    dp->attach(caf::actor_cast<caf::actor>(self), [router](partial_sum& p) { return router->take(p, true); });
     self->attach_functor([dp, id = self->id()] { dp->detach(id); });
   }
   // A silenced shard behaves like a frozen node: it handles nothing.
@@ -1383,6 +1717,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           return;
         }
         if (p.rank < 0 || p.rank >= st.init.group_size) return;
+        if (st.fused->take(p, false)) return;  // its step's fused job waits for it on the worker
         auto key = std::make_tuple(p.id.session, p.id.epoch, p.id.pos0, p.layer, p.phase);
         auto& parts = st.partials[key];
         if (parts.size() != static_cast<size_t>(st.init.group_size)) parts.resize(st.init.group_size);
@@ -1638,6 +1973,11 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
       },
       [=](close_atom, uint64_t session) { drop_session(self, session); },
       [=](computed& c) {
+        if (c.fused && !silent()) return on_fused(self, c);
+        if (c.fused) {
+          uint64_t ignored = 0;
+          disarm_fused(self, c, ignored);
+        }
         if (silent()) {
           // Frozen or partitioned: the result is lost with everything else,
           // but the session may send again once the partition ends.
