@@ -217,6 +217,42 @@ row_result try_plan(const plan_request& r) {
   return out;
 }
 
+/// The fitted constants into the plan's assumptions: an efficiency above 1
+/// (the sweep's model sat in cache) becomes 1; `--efficiency` overrides.
+/// (The lab's CPU quota is a property of the sweep's hardware, not of the
+/// planned node.)
+void apply_fit(plan_assumptions& a, const plan_assumptions& fit, double efficiency_override) {
+  a.compute_efficiency = efficiency_override > 0 ? efficiency_override : std::min(1.0, fit.compute_efficiency);
+  a.message_overhead_s = fit.message_overhead_s;
+  a.sync_overhead_s = fit.sync_overhead_s;
+  a.sync_message_overhead_s = fit.sync_message_overhead_s;
+  a.byte_overhead_s = fit.byte_overhead_s;
+  a.transfer_excess = fit.transfer_excess;
+  a.message_cpu_s = fit.message_cpu_s;
+}
+
+nlohmann::json constants_json(const plan_assumptions& a) {
+  return {{"compute_efficiency", a.compute_efficiency},
+          {"message_overhead_s", a.message_overhead_s},
+          {"sync_overhead_s", a.sync_overhead_s},
+          {"sync_message_overhead_s", a.sync_message_overhead_s},
+          {"byte_overhead_s", a.byte_overhead_s},
+          {"transfer_excess", a.transfer_excess},
+          {"message_cpu_s", a.message_cpu_s}};
+}
+
+/// "efficiency 0.53, 120 us per hop message, ...".
+std::string constants_text(const plan_assumptions& a) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "efficiency %.3g, %.3g us per hop message, %.3g us per all-reduce round, "
+                "%.3g us per all-reduce message, %.3g ns per byte, transfers +%.0f%%, %.3g us CPU per message",
+                a.compute_efficiency, a.message_overhead_s * 1e6, a.sync_overhead_s * 1e6,
+                a.sync_message_overhead_s * 1e6, a.byte_overhead_s * 1e9, a.transfer_excess * 100,
+                a.message_cpu_s * 1e6);
+  return buf;
+}
+
 /// The headline numbers re-planned with each leave-one-out refit of the
 /// calibration (plan_calibrate.hpp leave_one_out): their lowest and highest.
 struct plan_band {
@@ -371,16 +407,21 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
 
   if (cal) {
     md << "## Calibration\n\n`--calibrate " << o.calibrate << "` fitted " << cal->free.size()
-       << " constants (compute efficiency " << f("%.3g", cal->fitted.compute_efficiency) << ", "
-       << f("%.3g", cal->fitted.message_overhead_s * 1e6) << " us per message, "
-       << f("%.3g", cal->fitted.sync_overhead_s * 1e6) << " us per all-reduce, "
-       << f("%.3g", cal->fitted.byte_overhead_s * 1e9) << " ns per byte) to " << cal->points.size()
+       << " constants (" << constants_text(cal->fitted) << ") to " << cal->points.size()
        << " measured points; the plan above uses them"
        << (cal->fitted.compute_efficiency > 1 ? " (efficiency capped at 1: above 1 means the sweep's model ran "
                                                 "from cache, which a model that streams from memory cannot)"
                                               : "")
        << ".\n\n"
-       << "| model | topology | nodes | batch | measured TPOT ms | predicted ms | error |\n|---|---|---|---|---|---|---|\n";
+       << "| constant | value | source rows (CSV lines) | of which chain / busy station |\n|---|---|---|---|\n";
+    for (const auto& k : cal->constants) {
+      std::string lines;
+      for (int ln : k.lines) lines += (lines.empty() ? "" : " ") + std::to_string(ln);
+      md << "| " << k.name << " | " << f("%.4g", k.value) << " | "
+         << (k.fitted ? lines : std::string("none: the base value")) << " | " << k.chain_rows << " / "
+         << k.busy_rows << " |\n";
+    }
+    md << "\n| model | topology | nodes | batch | measured TPOT ms | predicted ms | error |\n|---|---|---|---|---|---|---|\n";
     for (const auto& pt : cal->points) {
       md << "| " << pt.model << " | " << pt.topology << " | " << pt.nodes << " | " << pt.batch << " | "
          << f("%.4g", pt.measured_tpot_ms) << " | " << f("%.4g", pt.predicted_tpot_ms) << " | "
@@ -391,10 +432,8 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
   }
   if (val) {
     md << "## Held-out validation\n\n`--holdout " << to_string(val->rule) << "`: the constants refitted on "
-       << val->fit.points.size() << " points (compute efficiency " << f("%.3g", val->fit.fitted.compute_efficiency)
-       << ", " << f("%.3g", val->fit.fitted.message_overhead_s * 1e6) << " us per message, "
-       << f("%.3g", val->fit.fitted.sync_overhead_s * 1e6) << " us per all-reduce, "
-       << f("%.3g", val->fit.fitted.byte_overhead_s * 1e9) << " ns per byte) predict the " << val->held_out.size()
+       << val->fit.points.size() << " points (" << constants_text(val->fit.fitted) << ") predict the "
+       << val->held_out.size()
        << " held-out points:\n\n"
        << "| line | model | topology | nodes | link | measured TPOT ms | predicted ms | error | tokens/s error | "
           "comm share measured / predicted |\n|---|---|---|---|---|---|---|---|---|---|\n";
@@ -574,6 +613,17 @@ void add_plan(CLI::App& app, int& status) {
         base.hw = load_hardware("host", false);
         base.hw.node.mem_bandwidth_gbs = gbs;
         base.hw.parallel_nodes = cores;
+        // A lab sweep says its daemons' CPU quota in a comment ("each capped
+        // at 25% of a core"; scripts/lab.sh: 10 ms CFS periods): the first
+        // line's bandwidth is the capped node's, quota x the full core's.
+        const auto at = text.find("capped at ");
+        double pct = 0;
+        if (at != std::string::npos && std::sscanf(text.c_str() + at, "capped at %lf%% of a core", &pct) == 1 &&
+            pct > 0 && pct < 100) {
+          base.hw.cpu_quota = pct / 100.0;
+          base.hw.cpu_quota_period_s = 0.01;
+          base.hw.node.mem_bandwidth_gbs = gbs / base.hw.cpu_quota;
+        }
       } else {
         base.hw = load_hardware(o->calibrate_hardware, true);
       }
@@ -600,11 +650,7 @@ void add_plan(CLI::App& app, int& status) {
       }
       // An efficiency above 1 says the sweep's model sat in cache; the
       // planned model streams from memory, so the plan uses at most 1.
-      r.assume.compute_efficiency = std::min(1.0, c->fitted.compute_efficiency);
-      r.assume.message_overhead_s = c->fitted.message_overhead_s;
-      r.assume.sync_overhead_s = c->fitted.sync_overhead_s;
-      r.assume.byte_overhead_s = c->fitted.byte_overhead_s;
-      if (o->efficiency > 0) r.assume.compute_efficiency = o->efficiency;
+      apply_fit(r.assume, c->fitted, o->efficiency);
     }
     auto p = plan(r);
     if (!p) throw cli_error(p.message(), 2);
@@ -615,10 +661,7 @@ void add_plan(CLI::App& app, int& status) {
       band->latency_lo = band->tokens_lo = band->cost_lo = std::numeric_limits<double>::infinity();
       for (const auto& a : loo) {
         plan_request q = r;
-        q.assume.compute_efficiency = o->efficiency > 0 ? o->efficiency : std::min(1.0, a.compute_efficiency);
-        q.assume.message_overhead_s = a.message_overhead_s;
-        q.assume.sync_overhead_s = a.sync_overhead_s;
-        q.assume.byte_overhead_s = a.byte_overhead_s;
+        apply_fit(q.assume, a, o->efficiency);
         auto pq = plan(q);
         if (!pq) continue;
         ++band->fits;
@@ -671,11 +714,8 @@ void add_plan(CLI::App& app, int& status) {
     if (!json_to_stdout) {
       std::printf("%s", to_text(*p, base.get()).c_str());
       if (cal) {
-        std::printf("calibration (%zu points, largest error %.1f%%): efficiency %.3g, %.3g us/message, %.3g "
-                    "us/all-reduce, %.3g ns/byte\n",
-                    cal->points.size(), cal->max_abs_error * 100, cal->fitted.compute_efficiency,
-                    cal->fitted.message_overhead_s * 1e6, cal->fitted.sync_overhead_s * 1e6,
-                    cal->fitted.byte_overhead_s * 1e9);
+        std::printf("calibration (%zu points, largest error %.1f%%): %s\n", cal->points.size(),
+                    cal->max_abs_error * 100, constants_text(cal->fitted).c_str());
         for (const auto& pt : cal->points) {
           std::printf("  %-12s %-12s nodes %d batch %d: measured %.4g ms, predicted %.4g ms (%+.1f%%)\n",
                       pt.model.c_str(), pt.topology.c_str(), pt.nodes, pt.batch, pt.measured_tpot_ms,
@@ -726,12 +766,14 @@ void add_plan(CLI::App& app, int& status) {
                          {"error", pt.error}});
         }
         j["calibration"] = pts;
-        j["calibration_fit"] = {{"compute_efficiency", cal->fitted.compute_efficiency},
-                                {"message_overhead_s", cal->fitted.message_overhead_s},
-                                {"sync_overhead_s", cal->fitted.sync_overhead_s},
-                                {"byte_overhead_s", cal->fitted.byte_overhead_s},
-                                {"max_abs_error", cal->max_abs_error},
-                                {"rms_error", cal->rms_error}};
+        j["calibration_fit"] = constants_json(cal->fitted);
+        j["calibration_fit"]["max_abs_error"] = cal->max_abs_error;
+        j["calibration_fit"]["rms_error"] = cal->rms_error;
+        nlohmann::json srcs = nlohmann::json::object();
+        for (const auto& k : cal->constants)
+          srcs[k.name] = {{"value", k.value}, {"fitted", k.fitted}, {"lines", k.lines},
+                          {"chain_rows", k.chain_rows}, {"busy_rows", k.busy_rows}};
+        j["calibration_fit"]["sources"] = srcs;
       }
       if (band) {
         j["uncertainty"] = {{"refits", band->fits},
@@ -759,10 +801,7 @@ void add_plan(CLI::App& app, int& status) {
         }
         j["validation"] = {{"holdout", to_string(val->rule)},
                            {"fitted_points", val->fit.points.size()},
-                           {"fit", {{"compute_efficiency", val->fit.fitted.compute_efficiency},
-                                    {"message_overhead_s", val->fit.fitted.message_overhead_s},
-                                    {"sync_overhead_s", val->fit.fitted.sync_overhead_s},
-                                    {"byte_overhead_s", val->fit.fitted.byte_overhead_s}}},
+                           {"fit", constants_json(val->fit.fitted)},
                            {"held_out", pts},
                            {"max_abs_error", val->max_abs_error},
                            {"max_abs_tokens_per_s_error", val->max_abs_tokens_per_s_error},

@@ -8,6 +8,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -17,7 +18,12 @@ namespace cellshard::topologies {
 
 namespace {
 
-constexpr int n_params = 4;  // 1/eff, c_msg, c_sync, c_byte
+// 1/eff, c_msg, c_sync, c_sync_msg, c_byte, transfer excess, message CPU
+// (plan_calibrate.hpp).
+constexpr int n_params = 7;
+const char* const param_names[n_params] = {"compute_efficiency", "message_overhead_s",      "sync_overhead_s",
+                                           "sync_message_overhead_s", "byte_overhead_s", "transfer_excess",
+                                           "message_cpu_s"};
 
 std::string trim(const std::string& s) {
   size_t b = 0, e = s.size();
@@ -48,28 +54,42 @@ std::vector<std::string> split_csv(const std::string& line) {
 
 // The feature vector of a row and the fixed part of its prediction.
 struct features {
-  std::array<double, n_params> x{};  // compute_s, messages, syncs, bytes
-  double fixed = 0;                  // wire_s
+  std::array<double, n_params> x{};
+  double fixed = 0;  // latency + transfer at the payload rate (+ quota throttling)
 };
 
-features features_of(const cost_terms& c, double scale) {
+// The serial chain (cost_terms::seconds).
+features chain_features(const cost_terms& c) {
   features f;
-  f.x = {c.compute_s * scale, c.messages * scale, c.syncs * scale, c.bytes * scale};
-  f.fixed = c.wire_s * scale;
+  f.x = {c.compute_s, c.messages, c.syncs, c.sync_messages, c.bytes, c.transfer_s, 0};
+  f.fixed = c.wire_s + c.throttle_s;
+  return f;
+}
+
+// `scale` steps of a busy station of the runtime (cost_terms::busy_seconds
+// with one_sequence_per_step: CPU only, compute at the sustained rate).
+features busy_features(const cost_terms& c, double scale) {
+  features f;
+  const double q = c.quota > 0 && c.quota < 1 ? c.quota : 1.0;
+  f.x = {c.compute_s / q * scale, 0, 0, 0, c.bytes * scale, 0, c.handled * scale};
   return f;
 }
 
 plan_assumptions with_params(plan_assumptions a, const std::array<double, n_params>& th) {
-  a.compute_efficiency = th[0] > 0 ? 1.0 / th[0] : a.compute_efficiency;
+  if (th[0] > 0) a.compute_efficiency = 1.0 / th[0];
   a.message_overhead_s = th[1];
   a.sync_overhead_s = th[2];
-  a.byte_overhead_s = th[3];
+  a.sync_message_overhead_s = th[3];
+  a.byte_overhead_s = th[4];
+  a.transfer_excess = th[5];
+  a.message_cpu_s = th[6];
   return a;
 }
 
 std::array<double, n_params> params_of(const plan_assumptions& a) {
-  return {a.compute_efficiency > 0 ? 1.0 / a.compute_efficiency : 1.0, a.message_overhead_s, a.sync_overhead_s,
-          a.byte_overhead_s};
+  const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
+  return {1.0 / eff,         a.message_overhead_s, a.sync_overhead_s, a.sync_message_overhead_s,
+          a.byte_overhead_s, a.transfer_excess,    a.message_cpu_s};
 }
 
 // Solves the k x k system M v = r by Gaussian elimination with partial
@@ -169,6 +189,13 @@ result<std::vector<sweep_row>> parse_sweep_csv(const std::string& text, const st
   return rows;
 }
 
+double predicted_comm_share(const plan_result& p) {
+  if (!(p.per_token_latency_s > 0)) return 0;
+  const bool busy = p.per_token_latency_s > p.chain_s * (1 + 1e-12);
+  const double compute = busy ? p.chain_busy_compute_s : p.chain_compute_s;
+  return std::max(0.0, 1.0 - compute / p.per_token_latency_s);
+}
+
 model_resolver preset_resolver(const model_spec* fallback) {
   const bool has = fallback != nullptr;
   model_spec fb = has ? *fallback : model_spec{};
@@ -238,7 +265,7 @@ result<calibration_point> predict_row(const sweep_row& row, plan_request r, cons
   if (row.tokens_per_s > 0)
     pt.tokens_per_s_error = (pt.predicted_tokens_per_s - row.tokens_per_s) / row.tokens_per_s;
   pt.measured_comm_share = row.comm_share;
-  pt.predicted_comm_share = p->chain_s > 0 ? std::max(0.0, 1.0 - p->chain_compute_s / p->chain_s) : 0.0;
+  pt.predicted_comm_share = predicted_comm_share(*p);
   return pt;
 }
 
@@ -274,27 +301,47 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
   }
   if (ps.empty()) return make_error("--calibrate: no rows to fit");
 
-  std::array<double, n_params> theta = params_of(base.assume);
-  std::vector<std::string> free_names;
-  for (int round = 0; round < 3; ++round) {
-    // Each row's terms under the current fit: the chain (B / chain(b) limits)
-    // or B/b x the busiest station.
+  const std::array<double, n_params> base_theta = params_of(base.assume);
+  // A row's regime under theta: B x its busiest station's CPU (true), or the chain.
+  auto regime_of = [&](const prepared& p, const std::array<double, n_params>& th, const cost_terms** top_out) {
+    plan_assumptions cur = with_params(base.assume, th);
+    cur.one_sequence_per_step = true;
+    const cost_terms* top = &p.chain.station_work.front();
+    for (const auto& w : p.chain.station_work)
+      if (w.busy_seconds(cur) > top->busy_seconds(cur)) top = &w;
+    if (top_out) *top_out = top;
+    const double scale = static_cast<double>(p.req.batch) / p.micro;
+    return scale * top->busy_seconds(cur) > p.chain.chain.seconds(cur);
+  };
+  auto features_in = [&](const prepared& p, bool is_busy, const cost_terms* top) {
+    return is_busy ? busy_features(*top, static_cast<double>(p.req.batch) / p.micro) : chain_features(p.chain.chain);
+  };
+  // Under a CPU quota the chain's compute is not linear in 1/eff
+  // (quota_step_seconds): the efficiency is then searched outside (fix_eff)
+  // and the other constants fitted linearly at each candidate.
+  const bool quota = base.hw.cpu_quota > 0 && base.hw.cpu_quota < 1;
+  // The non-negative least-squares fit for fixed regimes (every subset of the
+  // constants; compute must take time when its column is free).
+  auto fit_fixed = [&](const std::vector<bool>& busy, const std::array<double, n_params>& start,
+                       std::array<bool, n_params>& usable) {
     std::vector<features> fs;
-    const plan_assumptions cur = with_params(base.assume, theta);
-    for (const auto& p : ps) {
-      const double chain_s = p.chain.chain.seconds(cur);
-      const double station_s = static_cast<double>(p.req.batch) / p.micro * p.chain.busiest.seconds(cur);
-      fs.push_back(station_s > chain_s ? features_of(p.chain.busiest, static_cast<double>(p.req.batch) / p.micro)
-                                       : features_of(p.chain.chain, 1.0));
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const cost_terms* top = nullptr;
+      regime_of(ps[i], start, &top);
+      features f = features_in(ps[i], busy[i], top);
+      if (quota) {  // the efficiency is given: its term is fixed
+        f.fixed += f.x[0] * start[0];
+        f.x[0] = 0;
+      }
+      fs.push_back(f);
     }
-    // Relative residuals: A_ij = x_ij / y_i, rhs_i = (y_i - fixed_i) / y_i.
-    std::array<bool, n_params> usable{};
+    usable = {};
     for (int j = 0; j < n_params; ++j) {
       for (size_t i = 0; i < ps.size(); ++i) usable[j] = usable[j] || fs[i].x[j] > 0;
     }
     double best = std::numeric_limits<double>::infinity();
-    std::array<double, n_params> best_theta = theta;
-    for (int mask = 1; mask < (1 << n_params); ++mask) {
+    std::array<double, n_params> best_theta = start;
+    for (int mask = 0; mask < (1 << n_params); ++mask) {
       std::vector<int> idx;
       bool ok = true;
       for (int j = 0; j < n_params; ++j) {
@@ -303,8 +350,9 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
           idx.push_back(j);
         }
       }
-      if (!ok) continue;
+      if (!ok || (usable[0] && !(mask & 1))) continue;
       const size_t k = idx.size();
+      // Relative residuals: A_ij = x_ij / y_i, rhs_i = (y_i - fixed_i) / y_i.
       std::vector<std::vector<double>> M(k, std::vector<double>(k, 0));
       std::vector<double> rhs(k, 0);
       for (size_t i = 0; i < ps.size(); ++i) {
@@ -316,14 +364,13 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
         }
       }
       std::vector<double> v;
-      if (!solve(M, rhs, v)) continue;
-      if (std::any_of(v.begin(), v.end(), [](double q) { return q < 0; })) continue;
+      if (k > 0 && !solve(M, rhs, v)) continue;
+      if (std::any_of(v.begin(), v.end(), [](double q) { return q <= 0; })) continue;
       std::array<double, n_params> th{};
       for (int j = 0; j < n_params; ++j) {
-        if (!usable[j]) th[static_cast<size_t>(j)] = theta[static_cast<size_t>(j)];  // no data: keep the base value
+        if (!usable[j]) th[static_cast<size_t>(j)] = start[static_cast<size_t>(j)];  // no data: as given
       }
       for (size_t a = 0; a < k; ++a) th[static_cast<size_t>(idx[a])] = v[a];
-      if (th[0] <= 0 && usable[0]) continue;  // compute must take some time
       double sse = 0;
       for (size_t i = 0; i < ps.size(); ++i) {
         double pred = fs[i].fixed;
@@ -336,17 +383,141 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
         best_theta = th;
       }
     }
-    theta = best_theta;
-    free_names.clear();
-    const char* names[n_params] = {"compute_efficiency", "message_overhead_s", "sync_overhead_s", "byte_overhead_s"};
-    for (int j = 0; j < n_params; ++j) {
-      if (usable[j]) free_names.push_back(names[j]);
+    return best_theta;
+  };
+  // The model's own error: max(chain, B x busiest station) against the rows.
+  auto model_sse = [&](const std::array<double, n_params>& th) {
+    plan_assumptions cur = with_params(base.assume, th);
+    cur.one_sequence_per_step = true;
+    double sse = 0;
+    for (const auto& p : ps) {
+      double top = 0;
+      for (const auto& w : p.chain.station_work) top = std::max(top, w.busy_seconds(cur));
+      const double pred = std::max(p.chain.chain.seconds(cur), static_cast<double>(p.req.batch) / p.micro * top);
+      const double e = (pred - p.y) / p.y;
+      sse += e * e;
     }
+    return sse;
+  };
+  // max() makes the fit non-convex: alternate regimes and linear fits from
+  // three starts (the regimes of the start constants; batch > 1 rows busy;
+  // every row on the chain) and keep the lowest error of the model itself.
+  struct outcome {
+    std::array<double, n_params> theta{};
+    std::array<bool, n_params> usable{};
+    double sse = std::numeric_limits<double>::infinity();
+  };
+  auto fit_from = [&](const std::array<double, n_params>& start_theta) {
+    outcome best;
+    for (int start = 0; start < 3; ++start) {
+      std::vector<bool> reg(ps.size(), false);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        reg[i] = start == 0 ? regime_of(ps[i], start_theta, nullptr) : start == 1 ? ps[i].req.batch > 1 : false;
+      }
+      std::array<double, n_params> th = start_theta;
+      std::array<bool, n_params> usable{};
+      for (int round = 0; round < 12; ++round) {
+        th = fit_fixed(reg, th, usable);
+        std::vector<bool> now(ps.size());
+        for (size_t i = 0; i < ps.size(); ++i) now[i] = regime_of(ps[i], th, nullptr);
+        if (now == reg) break;
+        reg = now;
+      }
+      const double sse = model_sse(th);
+      if (sse < best.sse - 1e-15) best = {th, usable, sse};
+    }
+    return best;
+  };
+  // The rows' costs at efficiency eff (the quota's throttling depends on it).
+  auto prepare_at = [&](double eff) {
+    for (auto& p : ps) {
+      plan_request q = p.req;
+      q.assume.compute_efficiency = eff;
+      p.chain = chain_cost(q, p.layout, p.micro);
+    }
+  };
+  outcome fit;
+  if (!quota) {
+    fit = fit_from(base_theta);
+  } else {
+    // A log grid of efficiencies, then golden-section refinement around the best.
+    auto at = [&](double eff) {
+      prepare_at(eff);
+      std::array<double, n_params> st = base_theta;
+      st[0] = 1.0 / eff;
+      return fit_from(st);
+    };
+    const int grid = 40;
+    const double lo = std::log(0.05), hi = std::log(2.0);
+    int best_i = 0;
+    for (int i = 0; i <= grid; ++i) {
+      outcome o = at(std::exp(lo + (hi - lo) * i / grid));
+      if (o.sse < fit.sse) {
+        fit = o;
+        best_i = i;
+      }
+    }
+    double a = lo + (hi - lo) * std::max(0, best_i - 1) / grid, b = lo + (hi - lo) * std::min(grid, best_i + 1) / grid;
+    const double g = (std::sqrt(5.0) - 1) / 2;
+    double c = b - g * (b - a), d = a + g * (b - a);
+    outcome oc = at(std::exp(c)), od = at(std::exp(d));
+    for (int it = 0; it < 40 && b - a > 1e-9; ++it) {
+      if (oc.sse < od.sse) {
+        b = d;
+        d = c;
+        od = oc;
+        c = b - g * (b - a);
+        oc = at(std::exp(c));
+      } else {
+        a = c;
+        c = d;
+        oc = od;
+        d = a + g * (b - a);
+        od = at(std::exp(d));
+      }
+    }
+    for (const outcome* o : {&oc, &od})
+      if (o->sse < fit.sse) fit = *o;
+    prepare_at(1.0 / fit.theta[0]);
+    fit.usable[0] = true;  // searched
+  }
+  const std::array<double, n_params> theta = fit.theta;
+  std::vector<bool> busy(ps.size(), false);
+  std::vector<features> fs;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const cost_terms* top = nullptr;
+    busy[i] = regime_of(ps[i], theta, &top);
+    fs.push_back(features_in(ps[i], busy[i], top));
+  }
+  std::vector<std::string> free_names;
+  for (int j = 0; j < n_params; ++j) {
+    if (fit.usable[j]) free_names.push_back(param_names[j]);
   }
 
   calibration c;
   c.fitted = with_params(base.assume, theta);
+  c.fitted.one_sequence_per_step = base.assume.one_sequence_per_step;
   c.free = free_names;
+  // Each constant with the rows that determine it (a non-zero feature in the
+  // row's final regime).
+  for (int j = 0; j < n_params; ++j) {
+    fitted_constant fc;
+    fc.name = param_names[j];
+    const plan_assumptions& f = c.fitted;
+    const double values[n_params] = {f.compute_efficiency,      f.message_overhead_s, f.sync_overhead_s,
+                                     f.sync_message_overhead_s, f.byte_overhead_s,    f.transfer_excess,
+                                     f.message_cpu_s};
+    fc.value = values[j];
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const bool uses = fs[i].x[static_cast<size_t>(j)] > 0;
+      if (uses) {
+        fc.lines.push_back(used[i]->line);
+        (busy[i] ? fc.busy_rows : fc.chain_rows) += 1;
+      }
+    }
+    fc.fitted = !fc.lines.empty();
+    c.constants.push_back(fc);
+  }
   double sum2 = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
     auto pt = predict_row(*used[i], ps[i].req, c.fitted);

@@ -6,21 +6,28 @@
 // tpot_ms_p99,tokens_per_s,comm_share,bytes_per_token (in any order; extra
 // columns ignored; lines starting with '#' skipped).
 //
-// Model: the planner's time per token is linear in four constants
-// (planner.hpp cost_terms):
-//   tpot = wire_s + compute_s x (1/eff) + messages x c_msg + syncs x c_sync + bytes x c_byte
-// where compute_s, messages, syncs and bytes come from the layout of the
-// row (its model, nodes, topology, batch, link) on the given hardware. The
-// fit minimises the sum of squared relative errors ((pred - meas) / meas)^2
-// subject to every constant >= 0 (non-negative least squares by trying every
-// subset of free constants; there are four). Constants whose feature is zero
-// in every row keep the base value: on in-process rows (link "none") the
-// per-byte term is zero, as messages are moved rather than serialised, so
-// byte_overhead_s is fitted only from rows with shaped links. Every row is
-// planned as the runtime that measured it steps: one sequence per station
+// Model (planner.hpp cost_terms; docs/planner.md "Calibration"): every row
+// is planned as the runtime that measured it steps: one sequence per station
 // step (plan_assumptions::one_sequence_per_step), so a row of batch B takes
-// max(chain, B x busiest station) per token; the fitted constants carry no
-// such flag, and a plan made with them keeps the planner's batched stations.
+// max(chain, B x the busiest station's CPU) per token. In either regime the
+// time is linear in seven constants:
+//   chain = wire_s + throttle_s + compute_s / eff + messages x c_msg
+//           + syncs x c_sync + sync_messages x c_rmsg + bytes x c_byte
+//           + transfer_s x transfer_excess
+//   busy  = B x (compute_s / (eff x quota) + handled x c_cpu + bytes x c_byte)
+// where the terms come from the layout of the row (its model, nodes,
+// topology, batch, link) on the given hardware. The fit assigns each row its
+// regime, minimises the sum of squared relative errors ((pred - meas) /
+// meas)^2 subject to every constant >= 0 (non-negative least squares by
+// trying every subset of free constants), re-assigns and repeats; from three
+// starting assignments, keeping the lowest error of the max() model. On
+// hardware with a CPU quota (hardware_spec::cpu_quota: the lab) throttle_s
+// depends on eff, which is then searched (log grid, golden section) with the
+// other six fitted at each candidate. Constants whose feature is zero in
+// every row keep the base value (on in-process rows, link "none", the per-byte
+// and transfer terms are zero). Each fitted constant lists its source rows.
+// The fitted constants carry no one_sequence_per_step flag: a plan made with
+// them keeps the planner's batched stations.
 //
 // Pure functions; thread-safe. Errors name the file, line and column.
 #pragma once
@@ -76,8 +83,19 @@ struct calibration_point {
   double predicted_comm_share = 0;
 };
 
+/// A fitted constant and the rows it was fitted from.
+struct fitted_constant {
+  std::string name;        // plan_assumptions member: "compute_efficiency", "message_cpu_s", ...
+  double value = 0;
+  bool fitted = false;     // false: no row has its feature; the base value stays
+  std::vector<int> lines;  // the CSV lines of its source rows
+  int chain_rows = 0;      // of which planned as the serial chain (latency)
+  int busy_rows = 0;       // of which planned as B x a busy station (throughput)
+};
+
 struct calibration {
-  plan_assumptions fitted;  // base with the four constants replaced
+  plan_assumptions fitted;  // base with the eight constants replaced
+  std::vector<fitted_constant> constants;  // the eight, in the order of the model above
   std::vector<calibration_point> points;
   double max_abs_error = 0;
   double rms_error = 0;
@@ -88,6 +106,13 @@ struct calibration {
 /// The model of a row: a preset name, or a file name such as
 /// "stories260K.bin" (lower-cased, folder and extension dropped).
 using model_resolver = std::function<result<model_spec>(const std::string& row_model)>;
+/// The communication share the planner predicts for a row planned as the
+/// runtime runs it (what `cellshard run` measures: 1 - a session's compute
+/// time / its time per token): on the chain, its compute (throttled by a CPU
+/// quota); when busy stations set the pace (batch > 1), its compute at the
+/// sustained rate, against B x the busiest station's step.
+double predicted_comm_share(const plan_result& p);
+
 /// The default resolver: find_model_preset on the row's model name, else
 /// `fallback` (the --model of the command) when given.
 model_resolver preset_resolver(const model_spec* fallback);

@@ -31,6 +31,15 @@ struct hardware_spec {
   /// In-process runs: nodes that can compute at the same moment (the host's
   /// cores); 0 = every node is its own machine.
   int parallel_nodes = 0;
+  /// A node under a CPU quota (the lab: scripts/lab.sh puts each daemon in a
+  /// cgroup with cpu.max "2500 10000", 25% of a core in 10 ms periods): the
+  /// share of one core it may use per period, 0 = none (a machine of its
+  /// own). node.mem_bandwidth_gbs and gflops are then the rates of a full
+  /// core; the node sustains `cpu_quota` of them, and a step after idle time
+  /// runs at full speed until the period's quota is spent (planner.hpp
+  /// quota_step_seconds).
+  double cpu_quota = 0;
+  double cpu_quota_period_s = 0.01;  // CFS period (lab.sh: 10 ms)
   std::string source;             // one line: where the numbers come from
 
   double spare_power_w() const { return idle_power_w > 0 ? idle_power_w : node.power_w; }

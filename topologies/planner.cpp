@@ -73,7 +73,8 @@ double node_time(const rates& x, double read_bytes, double flops) {
 cost_terms message(const rates& x, double n, double bytes) {
   cost_terms c;
   if (n <= 0) return c;
-  c.wire_s = x.lat_s + (x.link_Bps > 0 ? bytes / x.link_Bps : 0);
+  c.transfer_s = x.link_Bps > 0 ? bytes / x.link_Bps : 0;
+  c.wire_s = x.lat_s + c.transfer_s;
   c.messages = n;
   c.bytes = x.link_Bps > 0 ? bytes : 0;
   c.hops = 1;
@@ -261,20 +262,74 @@ bool layout_fits(const plan_layout& l, double budget) {
 
 // ---------------------------------------------------------------------------
 
+namespace {
+double comm_seconds(const cost_terms& c, const plan_assumptions& a) {
+  return c.wire_s + c.transfer_s * a.transfer_excess + c.messages * a.message_overhead_s +
+         c.syncs * a.sync_overhead_s + c.sync_messages * a.sync_message_overhead_s + c.bytes * a.byte_overhead_s;
+}
+}  // namespace
+
 double cost_terms::seconds(const plan_assumptions& a) const {
   const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
-  return compute_s / eff + wire_s + messages * a.message_overhead_s + syncs * a.sync_overhead_s +
-         bytes * a.byte_overhead_s;
+  return compute_s / eff + throttle_s + comm_seconds(*this, a);
+}
+
+double cost_terms::busy_seconds(const plan_assumptions& a) const {
+  const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
+  const double q = quota > 0 && quota < 1 ? quota : 1.0;
+  const double cpu = compute_s / (eff * q) + handled * a.message_cpu_s + bytes * a.byte_overhead_s;
+  // One sequence per step (the runtime): the station interleaves the steps of
+  // its sessions, so one session's waits (latency, transfers, all-reduce
+  // rounds) overlap another's work and only the CPU bounds its throughput.
+  if (a.one_sequence_per_step) return cpu;
+  return cpu + comm_seconds(*this, a) - bytes * a.byte_overhead_s;
 }
 
 cost_terms& cost_terms::operator+=(const cost_terms& o) {
   compute_s += o.compute_s;
+  throttle_s += o.throttle_s;
+  quota = std::min(quota, o.quota);
   wire_s += o.wire_s;
+  transfer_s += o.transfer_s;
   messages += o.messages;
   syncs += o.syncs;
+  sync_messages += o.sync_messages;
   bytes += o.bytes;
   hops += o.hops;
+  handled += o.handled;
   return *this;
+}
+
+double quota_step_seconds(double work_s, double share, double period_s) {
+  if (!(work_s > 0)) return 0;
+  if (!(share > 0) || share >= 1 || !(period_s > 0)) return work_s;
+  const double q = share * period_s;
+  constexpr int phases = 64;
+  double total = 0;
+  for (int i = 0; i < phases; ++i) {
+    double phase = period_s * (i + 0.5) / phases;  // where in its period the step starts
+    double left = work_s, quota = q, t = 0;
+    // Whole periods of quota once the first partial period is over.
+    for (int guard = 0; left > 0 && guard < 1000000; ++guard) {
+      const double run = std::min({left, quota, period_s - phase});
+      left -= run;
+      t += run;
+      phase += run;
+      quota -= run;
+      if (left <= 0) break;
+      if (quota <= 1e-15) t += period_s - phase;  // throttled until the period ends
+      phase = 0;
+      quota = q;
+      if (left > q) {  // whole periods at once: q of work each
+        const double whole = std::floor(left / q);
+        const double n = left - whole * q > 0 ? whole : whole - 1;
+        t += n * period_s;
+        left -= n * q;
+      }
+    }
+    total += t;
+  }
+  return total / phases;
 }
 
 double distinct_experts(int experts, int k, int b) {
@@ -383,6 +438,9 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
               cost_terms ar = message(x, (T - 1) * share,
                                       (T - 1) * xbytes / (r.assume.scatter_gather ? T : 1));
               ar.syncs = 1;
+              ar.sync_messages = ar.messages;  // a round's messages, not a hop's
+              ar.messages = 0;
+              ar.handled = 2.0 * (T - 1);  // the busiest rank sends T-1 and receives T-1
               work += ar;
             }
         }
@@ -392,6 +450,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           const double lat_bytes = static_cast<double>(b) * m.n_active_experts * m.routed_dim() * act / T;
           const double msgs = std::ceil(distinct / T);
           work += message(x, msgs, lat_bytes);
+          work.handled += 2 * msgs;  // dispatched and combined back
           const int epn = std::max(1, std::min(l.experts_per_node, m.n_experts));
           const double hits = std::max(1.0, std::min<double>(epn, distinct_experts(m.n_experts, m.n_active_experts, b) *
                                                                       epn / m.n_experts));
@@ -416,15 +475,24 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
     }
     out.read_bytes_busiest = std::max(out.read_bytes_busiest, read_busiest);
     out.read_bytes_chain += read_busiest;
+    // Messages the station's busiest rank handles besides its all-reduces:
+    // the hop in (received; rank 0 of the first group also sends the T-1
+    // copies of x), and the hop out (the previous station sends `to`).
+    work.handled += 1;
+    if (gi == 0 && !pool && T > 1) work.handled += T - 1;
+    if (r.hw.cpu_quota > 0 && r.hw.cpu_quota < 1) {
+      // A quota node: the station's step on the chain is throttled once it
+      // has spent the period's quota; a busy station sustains the quota.
+      const double eff = r.assume.compute_efficiency > 0 ? r.assume.compute_efficiency : 1.0;
+      const double w = work.compute_s / eff;
+      work.throttle_s = quota_step_seconds(w, r.hw.cpu_quota, r.hw.cpu_quota_period_s) - w;
+      work.quota = r.hw.cpu_quota;
+    }
+    if (gi > 0) out.station_work.back().handled += hop.messages;
     out.station_hop.push_back(hop);
     out.station_work.push_back(work);
     out.chain += hop;
     out.chain += work;
-    const double s = work.seconds(r.assume);
-    if (s > busiest_s) {
-      busiest_s = s;
-      out.busiest = work;
-    }
   }
   // Back to the session: the logits (vocab f32 per sequence), from every
   // classifier node, received on the session's link; or a token id.
@@ -432,6 +500,14 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
   const int senders = expert_topo ? last.tp : 1;
   out.return_hop = r.assume.logits_to_session ? message(x, senders, 4.0 * b * m.vocab) : message(x, 1, 4.0 * b);
   out.chain += out.return_hop;
+  out.station_work.back().handled += out.return_hop.messages;
+  for (const auto& w : out.station_work) {
+    const double s = w.busy_seconds(r.assume);
+    if (s > busiest_s) {
+      busiest_s = s;
+      out.busiest = w;
+    }
+  }
   return out;
 }
 
@@ -473,7 +549,7 @@ result<plan_layout> lay_out(const plan_request& r) {
         const int b = std::max(1, ceil_div(r.batch, static_cast<int>(cand.groups.size())));
         const chain_costs cc = chain_cost(probe, cand, b);
         const double s = std::max(cc.chain.seconds(r.assume), r.batch / static_cast<double>(b) *
-                                                                  cc.busiest.seconds(r.assume));
+                                                                  cc.busiest.busy_seconds(r.assume));
         if (s < best) {
           best = s;
           l = std::move(cand);
@@ -700,7 +776,8 @@ result<plan_result> plan(const plan_request& r) {
   p.hops = static_cast<int>(std::lround(c1.chain.hops));
   p.chain_latency_s = c1.chain.hops * x.lat_s;
   p.chain_transfer_s = c1.chain.wire_s - p.chain_latency_s;
-  p.chain_compute_s = c1.chain.compute_s / eff;
+  p.chain_compute_s = c1.chain.compute_s / eff + c1.chain.throttle_s;  // a throttled step is compute time too
+  for (const auto& w : c1.station_work) p.chain_busy_compute_s += w.compute_s / (eff * (w.quota > 0 ? w.quota : 1.0));
   p.chain_s = c1.chain.seconds(a);
   p.chain_overhead_s = p.chain_s - p.chain_latency_s - p.chain_transfer_s - p.chain_compute_s;
   {
@@ -713,8 +790,8 @@ result<plan_result> plan(const plan_request& r) {
     const chain_costs cr = rest == p.micro_batch ? cb : chain_cost(r, l, rest);
     double station_round = 0;
     for (size_t s = 0; s < cb.station_work.size(); ++s) {
-      station_round = std::max(station_round, (m_batches - 1) * cb.station_work[s].seconds(a) +
-                                                  cr.station_work[s].seconds(a));
+      station_round = std::max(station_round, (m_batches - 1) * cb.station_work[s].busy_seconds(a) +
+                                                  cr.station_work[s].busy_seconds(a));
     }
     const double by_chain = r.batch / cb.chain.seconds(a);
     const double by_station = r.batch / std::max(station_round, 1e-300);
@@ -981,6 +1058,9 @@ std::string to_json(const plan_result& p, int indent) {
   j["assumptions"] = {{"compute_efficiency", a.compute_efficiency},
                       {"message_overhead_s", a.message_overhead_s},
                       {"sync_overhead_s", a.sync_overhead_s},
+                      {"sync_message_overhead_s", a.sync_message_overhead_s},
+                      {"transfer_excess", a.transfer_excess},
+                      {"message_cpu_s", a.message_cpu_s},
                       {"byte_overhead_s", a.byte_overhead_s},
                       {"link_efficiency", a.link_efficiency},
                       {"detect_s", a.detect_s},

@@ -76,9 +76,25 @@ std::string to_string(const plan_topology& t);
 struct plan_assumptions {
   /// Fraction of peak memory bandwidth and FLOP/s the kernels reach. Default
   /// 1 (peak, an upper bound); `--calibrate` fits it.
+  /// Of the node's full rate; under a CPU quota (hardware_spec::cpu_quota)
+  /// the node sustains quota x that, and its steps on the chain are
+  /// throttled as quota_step_seconds says.
   double compute_efficiency = 1.0;
-  double message_overhead_s = 0;  // software cost per message on the critical path (calibrated)
-  double sync_overhead_s = 0;     // per all-reduce round (calibrated)
+  double message_overhead_s = 0;  // per message of a hop on the chain (stage to stage, session; calibrated)
+  double sync_overhead_s = 0;     // per all-reduce round: the wait for the slowest rank (calibrated)
+  /// Per message a rank sends inside an all-reduce round (T-1 per round
+  /// direct), on the chain; separate from message_overhead_s because a round's
+  /// messages leave back to back and are waited for together (calibrated).
+  double sync_message_overhead_s = 0;
+  /// Time a transfer takes beyond bytes / (link x link_efficiency), as a
+  /// fraction of it (0: the link delivers its payload rate; tc tbf shaping,
+  /// TCP slow start after idle and small messages make it more; calibrated
+  /// from rows over shaped links).
+  double transfer_excess = 0;
+  /// CPU a node spends per message it sends or receives, at its sustained
+  /// rate: it bounds a busy station's throughput (busy_seconds), not the
+  /// chain's latency (calibrated from batch > 1 rows).
+  double message_cpu_s = 0;
   /// Per byte sent over a real link: serialisation. Default: the raw-blob
   /// payload encoding measured by `bench cluster`, 4,460 MB/s serialise +
   /// deserialise at 1M floats (docs/performance.md); calibrated when the sweep
@@ -141,13 +157,26 @@ struct plan_request {
 /// compute_s / eff + wire_s + messages x message_overhead + syncs x
 /// sync_overhead + bytes x byte_overhead. Linear in the calibrated parameters.
 struct cost_terms {
-  double compute_s = 0;  // at efficiency 1
+  double compute_s = 0;  // at efficiency 1, at the node's full rate
+  double throttle_s = 0; // time a CPU quota adds to the chain's steps (at the request's efficiency)
+  double quota = 1;      // share of the full rate a busy node sustains (hardware_spec::cpu_quota; 1 = none)
   double wire_s = 0;     // latency + transfer at the link's payload rate
-  double messages = 0;
-  double syncs = 0;
+  double transfer_s = 0; // the transfer part of wire_s (bytes / payload rate)
+  double messages = 0;   // messages of hops (and expert dispatch/combine)
+  double syncs = 0;      // all-reduce rounds
+  double sync_messages = 0;  // messages the busiest rank sends inside all-reduce rounds
   double bytes = 0;      // bytes serialised (0 on in-process links)
   double hops = 0;       // transfers whose latency is on the path (not in seconds())
+  double handled = 0;    // messages the busiest rank sends + receives (station work only)
+  /// On the chain (latency): compute_s / eff + throttle_s + wire_s +
+  /// transfer_s x transfer_excess + messages x message_overhead + syncs x
+  /// sync_overhead + sync_messages x sync_message_overhead + bytes x byte_overhead.
   double seconds(const plan_assumptions& a) const;
+  /// A busy station's step (throughput): compute at the sustained rate
+  /// (compute_s / (eff x quota)) + handled x message_cpu_s + bytes x byte_overhead, plus (unless
+  /// one_sequence_per_step: the runtime interleaves its sessions' steps, so
+  /// their waits overlap) the rest of seconds(): latency, transfers, rounds.
+  double busy_seconds(const plan_assumptions& a) const;
   cost_terms& operator+=(const cost_terms& o);
 };
 
@@ -214,7 +243,8 @@ struct plan_result {
   int hops = 0;                      // messages in sequence per token (batch 1)
   double chain_latency_s = 0;        // hops x latency
   double chain_transfer_s = 0;       // bytes / link
-  double chain_compute_s = 0;        // compute (at efficiency)
+  double chain_compute_s = 0;        // compute (at efficiency; with a CPU quota's throttling)
+  double chain_busy_compute_s = 0;   // the same compute at the sustained rate (quota x full rate; no idle before)
   double chain_overhead_s = 0;       // software overheads (calibrated)
   double chain_s = 0;                // time per token, batch 1
   int micro_batch = 1;               // sequences per station step at the requested batch
@@ -246,7 +276,7 @@ result<plan_layout> lay_out(const plan_request& r);
 /// Time terms of the serial chain and of its busiest station for micro-batch b.
 struct chain_costs {
   cost_terms chain;         // one token's trip: every hop and station
-  cost_terms busiest;       // the station with the longest work (per step)
+  cost_terms busiest;       // the station with the longest busy work (per step, busy_seconds)
   std::vector<cost_terms> station_work;  // per group: its work per step (compute, syncs, expert step)
   std::vector<cost_terms> station_hop;   // per group: the hop into it (delay)
   cost_terms return_hop;    // last group -> session
@@ -267,6 +297,14 @@ result<plan_result> plan_baseline(const plan_request& r, const hardware_spec& hw
 std::string to_text(const plan_result& p, const plan_result* baseline = nullptr);
 /// The JSON object of CLI.md "plan" (without "baseline"/"calibration").
 std::string to_json(const plan_result& p, int indent = -1);
+
+/// Wall time of a step of `work_s` seconds of full-speed CPU on a node that
+/// may use `share` of a core in every `period_s` (Linux CFS bandwidth
+/// control: cpu.max), starting with its whole quota (idle before) at a
+/// uniformly random phase of the period: it runs at full speed until the
+/// quota or the period ends, waits for the next period when the quota is
+/// spent. The mean over 64 phases. share <= 0 or >= 1: work_s.
+double quota_step_seconds(double work_s, double share, double period_s);
 
 /// Expected distinct experts among b tokens each picking k of E (uniform):
 /// E x (1 - (1 - k/E)^b).

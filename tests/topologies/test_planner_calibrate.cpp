@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -34,23 +35,27 @@ const char* header =
     "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
     "bytes_per_token\n";
 
-/// Rows: pipeline 1..5 and tensor 1..4 on stories260K, in process (link
-/// none: no serialisation) and over shaped links (where bytes are
-/// serialised), at batch 1, and in process at batch 4 too (9 rows last);
-/// their "measured" TPOT, tokens/s and comm share are the planner's own
-/// prediction under `truth`, with one sequence per station step as the
-/// runtime does. `points`: the rows (36).
-std::string synthetic_sweep(const plan_request& base, const plan_assumptions& truth, int& points) {
+/// Rows: pipeline 1..5 and tensor 1..4 on `model_name` (stories260K by
+/// default), in process (link none: no serialisation) and over shaped links
+/// (where bytes are serialised), at batch 1, and in process at batch 4 too
+/// (9 rows last); their "measured" TPOT, tokens/s and comm share are the
+/// planner's own prediction under `truth`, with one sequence per station
+/// step as the runtime does. `points`: the rows (36). `lab`: the lab's grid
+/// instead (shaped links only, 1, 2, 4 nodes, batch 1 and 8: 24 rows).
+std::string synthetic_sweep(const plan_request& base, const plan_assumptions& truth, int& points,
+                            const char* model_name = "stories260k", bool lab = false) {
   std::string csv = header;
-  auto model = find_model_preset("stories260k");
+  auto model = find_model_preset(model_name);
   REQUIRE(model);
   points = 0;
-  for (int batch : {1, 4}) {
+  for (int batch : {1, lab ? 8 : 4}) {
     for (const char* link : {"none", "1gbit:100us", "100mbit:1ms"}) {
-      if (batch > 1 && std::string(link) != "none") continue;
+      if (lab && std::string(link) == "none") continue;
+      if (!lab && batch > 1 && std::string(link) != "none") continue;
       for (const char* topo : {"pipeline", "tensor"}) {
         const int most = std::string(topo) == "pipeline" ? 5 : 4;
         for (int n = 1; n <= most; ++n) {
+          if (lab && n != 1 && n != 2 && n != 4) continue;
           plan_request r = base;
           r.model = *model;
           r.nodes = n;
@@ -62,8 +67,8 @@ std::string synthetic_sweep(const plan_request& base, const plan_assumptions& tr
           auto p = plan(r);
           REQUIRE(p);
           char line[256];
-          std::snprintf(line, sizeof line, "stories260K,%s,%d,0,0,%s,%d,0,%.17g,0,%.17g,%.17g,0\n", topo, n, link,
-                        batch, p->per_token_latency_s * 1000, p->tokens_per_s, 1.0 - p->chain_compute_s / p->chain_s);
+          std::snprintf(line, sizeof line, "%s,%s,%d,0,0,%s,%d,0,%.17g,0,%.17g,%.17g,0\n", model_name, topo, n, link,
+                        batch, p->per_token_latency_s * 1000, p->tokens_per_s, predicted_comm_share(*p));
           csv += line;
           ++points;
         }
@@ -78,7 +83,10 @@ plan_assumptions synthetic_truth(const plan_request& base) {
   truth.compute_efficiency = 0.55;
   truth.message_overhead_s = 4e-6;
   truth.sync_overhead_s = 2.5e-6;
+  truth.sync_message_overhead_s = 1.5e-6;
   truth.byte_overhead_s = 2e-10;
+  truth.transfer_excess = 0.3;
+  truth.message_cpu_s = 3e-6;
   return truth;
 }
 
@@ -183,8 +191,27 @@ TEST_CASE("calibration recovers the constants a synthetic sweep was made with", 
   CHECK(c->fitted.message_overhead_s == Approx(truth.message_overhead_s).epsilon(1e-6));
   CHECK(c->fitted.sync_overhead_s == Approx(truth.sync_overhead_s).epsilon(1e-6));
   CHECK(c->fitted.byte_overhead_s == Approx(truth.byte_overhead_s).epsilon(1e-5));
+  CHECK(c->fitted.sync_message_overhead_s == Approx(truth.sync_message_overhead_s).epsilon(1e-6));
+  CHECK(c->fitted.transfer_excess == Approx(truth.transfer_excess).epsilon(1e-6));
+  CHECK(c->fitted.message_cpu_s == Approx(truth.message_cpu_s).epsilon(1e-6));
   CHECK(c->max_abs_error < 1e-6);
   REQUIRE(static_cast<int>(c->points.size()) == expected_points);
+  // Every constant names its source rows: the per-hop cost the chain rows,
+  // the message CPU the batch rows (in process, lines 29-37), the transfer
+  // excess only rows over shaped links.
+  REQUIRE(c->constants.size() == 7);
+  for (const auto& k : c->constants) {
+    INFO(k.name);
+    CHECK(k.fitted);
+    CHECK(k.chain_rows + k.busy_rows == static_cast<int>(k.lines.size()));
+    if (k.name == "message_cpu_s") {  // every batch-4 row (and 1-node rows whose station outlasts the chain)
+      for (int ln = 29; ln <= 37; ++ln) CHECK(std::count(k.lines.begin(), k.lines.end(), ln) == 1);
+    }
+    if (k.name == "message_overhead_s") CHECK(k.busy_rows == 0);
+    if (k.name == "transfer_excess") {
+      for (int ln : k.lines) CHECK((ln >= 11 && ln <= 28));
+    }
+  }
   CHECK(c->skipped == 0);
   CHECK(c->points[0].topology == "pipeline:1");
   // One node, one station, one sequence per step: 4 sessions take 4 of its
@@ -199,7 +226,60 @@ TEST_CASE("calibration recovers the constants a synthetic sweep was made with", 
   REQUIRE(one > 0);
   CHECK(four > 3.5 * one);
   CHECK(four <= 4 * one * (1 + 1e-12));
-  CHECK(c->free.size() == 4);
+  CHECK(c->free.size() == 7);
+}
+
+TEST_CASE("a CPU quota: a step runs at full speed until the period's quota is spent", "[planner][calibrate]") {
+  // 25% of a core in 10 ms periods (scripts/lab.sh), whole quota at the start.
+  CHECK(quota_step_seconds(0.001, 0.25, 0.01) == Approx(0.001).epsilon(1e-12));  // fits in 2.5 ms
+  // 5 ms of work from phase f: f <= 7.5 ms: 2.5 run + wait to the period's
+  // end + 2.5 = 12.5 - f; later: 12.5 ms. Mean over f: 9.6875 ms.
+  CHECK(quota_step_seconds(0.005, 0.25, 0.01) == Approx(0.0096875).epsilon(1e-9));
+  // Long steps run at the sustained rate, quota x a full core.
+  CHECK(quota_step_seconds(1.0, 0.25, 0.01) == Approx(4.0).epsilon(0.01));
+  CHECK(quota_step_seconds(0.003, 0, 0.01) == 0.003);  // no quota
+  CHECK(quota_step_seconds(0.003, 1, 0.01) == 0.003);
+}
+
+TEST_CASE("calibration under a CPU quota recovers the constants of a synthetic lab grid", "[planner][calibrate]") {
+  // The lab's nodes: 25% of a 20 GB/s core; stories110m (440 MB) is long
+  // enough a step to be throttled on 1 and 2 nodes, short enough on 4.
+  plan_request base = host_base();
+  base.hw.cpu_quota = 0.25;
+  base.hw.cpu_quota_period_s = 0.01;
+  base.hw.parallel_nodes = 0;
+  base.context = 16;
+  plan_assumptions truth = synthetic_truth(base);
+  truth.compute_efficiency = 0.6;
+  truth.message_overhead_s = 400e-6;
+  truth.sync_overhead_s = 1.5e-3;
+  truth.sync_message_overhead_s = 1e-3;
+  truth.byte_overhead_s = 1e-9;
+  truth.transfer_excess = 0.5;
+  truth.message_cpu_s = 300e-6;
+  int points = 0;
+  auto rows = parse_sweep_csv(synthetic_sweep(base, truth, points, "stories110m", true), "lab.csv");
+  REQUIRE(rows);
+  CHECK(points == 24);
+  auto c = calibrate(*rows, base, preset_resolver(nullptr));
+  REQUIRE(c);
+  CHECK(c->fitted.compute_efficiency == Approx(truth.compute_efficiency).epsilon(1e-5));
+  CHECK(c->fitted.message_overhead_s == Approx(truth.message_overhead_s).epsilon(1e-4));
+  CHECK(c->fitted.sync_overhead_s == Approx(truth.sync_overhead_s).epsilon(1e-4));
+  CHECK(c->fitted.sync_message_overhead_s == Approx(truth.sync_message_overhead_s).epsilon(1e-4));
+  CHECK(c->fitted.transfer_excess == Approx(truth.transfer_excess).epsilon(1e-4));
+  CHECK(c->fitted.message_cpu_s == Approx(truth.message_cpu_s).epsilon(1e-4));
+  CHECK(c->max_abs_error < 1e-5);
+  // The quota shows: one node's step is throttled on the chain (more than
+  // its full-speed compute), and at batch 8 the node runs at 25%.
+  plan_request one = base;
+  one.model = *find_model_preset("stories110m");
+  one.assume = c->fitted;
+  one.assume.one_sequence_per_step = true;
+  auto p = plan(one);
+  REQUIRE(p);
+  CHECK(p->chain_compute_s > 1.5 * p->chain_busy_compute_s * 0.25);
+  CHECK(p->chain_compute_s < p->chain_busy_compute_s);
 }
 
 TEST_CASE("calibration on the sweep measured here: within 20% at every point", "[planner][calibrate]") {
