@@ -1,4 +1,5 @@
 #include "model/checkpoint.hpp"
+#include "model/gguf.hpp"
 
 #include "model/quant.hpp"
 
@@ -118,6 +119,16 @@ result<config> model_file::parse_header(const int32_t raw[7], uint64_t file_size
 
 static uint32_t bswap32(uint32_t x) { return __builtin_bswap32(x); }
 
+// A file named *.gguf that is no GGUF file (nor loads as another format) gets
+// GGUF's bad-magic error first: "too short for the llama2.c header" alone
+// would not tell a user who gave a truncated or empty download what is wrong.
+static result<void> explain_gguf_name(result<void> r, const std::string& name, const uint8_t* base,
+                                      uint64_t size) {
+  if (r || !gguf::file::named_gguf(name) || gguf::file::has_magic(base, size)) return r;
+  return make_error(gguf::file::bad_magic(name, base, size) + " (as a llama2.c checkpoint: " +
+                    r.message() + ")");
+}
+
 result<void> model_file::init(const std::string& name, load_options opts) {
   if (is_q8_image(base_, size_)) return q8_reader::init(*this, name, opts);
   // The format is told by the magic, not the file name.
@@ -227,7 +238,7 @@ result<std::shared_ptr<const model_file>> model_file::open(const std::string& pa
     }
   }
   ::close(fd);
-  auto r = m->init(path, opts);
+  auto r = explain_gguf_name(m->init(path, opts), path, m->base_, m->size_);
   if (!r) return r.err();
   return std::shared_ptr<const model_file>(std::move(m));
 }
@@ -240,7 +251,7 @@ result<std::shared_ptr<const model_file>> model_file::from_bytes(std::vector<uin
   m->base_ = m->owned_.data();
   m->size_ = m->owned_.size();
   m->path_ = name;
-  auto r = m->init(name, opts);
+  auto r = explain_gguf_name(m->init(name, opts), name, m->base_, m->size_);
   if (!r) return r.err();
   return std::shared_ptr<const model_file>(std::move(m));
 }
@@ -260,7 +271,7 @@ result<std::shared_ptr<const model_file>> model_file::from_sparse(uint64_t size,
   m->sparse_ = true;
   m->path_ = name;
   fill(m->base_);
-  auto r = m->init(name, opts);
+  auto r = explain_gguf_name(m->init(name, opts), name, m->base_, m->size_);
   if (!r) return r.err();
   return std::shared_ptr<const model_file>(std::move(m));
 }

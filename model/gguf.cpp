@@ -295,19 +295,31 @@ bool file::has_magic(const uint8_t* b, uint64_t n) {
   return n >= 4 && b[0] == 'G' && b[1] == 'G' && b[2] == 'U' && b[3] == 'F';
 }
 
+bool file::named_gguf(const std::string& path) {
+  const std::string ext = ".gguf";
+  if (path.size() < ext.size()) return false;
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const char c = path[path.size() - ext.size() + i];
+    if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c) != ext[i]) return false;
+  }
+  return true;
+}
+
+std::string file::bad_magic(const std::string& name, const uint8_t* bytes, uint64_t size) {
+  std::ostringstream os;
+  os << name << ": bad magic: expected \"GGUF\" (47 47 55 46) at offset 0, found";
+  if (size < 4) os << " only " << size << " bytes";
+  for (uint64_t i = 0; i < 4 && i < size; ++i) {
+    char b[4];
+    std::snprintf(b, sizeof b, " %02x", bytes[i]);
+    os << b;
+  }
+  return os.str();
+}
+
 result<void> file::parse(open_options opts) {
   const std::string& name = path_;
-  if (size_ < 4 || !has_magic(base_, size_)) {
-    std::ostringstream os;
-    os << name << ": bad magic: expected \"GGUF\" (47 47 55 46) at offset 0, found";
-    if (size_ < 4) os << " only " << size_ << " bytes";
-    for (uint64_t i = 0; i < 4 && i < size_; ++i) {
-      char b[4];
-      std::snprintf(b, sizeof b, " %02x", base_[i]);
-      os << b;
-    }
-    return make_error(os.str());
-  }
+  if (size_ < 4 || !has_magic(base_, size_)) return make_error(bad_magic(name, base_, size_));
   swap_ = host_big_endian() != opts.force_swap;
   cursor c(base_, size_, swap_, name);
   uint32_t magic;

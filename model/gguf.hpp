@@ -131,6 +131,13 @@ public:
                                                        open_options opts = {});
   /// True when `bytes` (at least 4) start with the GGUF magic.
   static bool has_magic(const uint8_t* bytes, uint64_t size);
+  /// True when the file name `path` ends in ".gguf" (any case). The format is
+  /// told by the magic; the name only chooses which error a file that is
+  /// neither format gets (the GGUF one for a name that says GGUF).
+  static bool named_gguf(const std::string& path);
+  /// "NAME: bad magic: expected "GGUF" (47 47 55 46) at offset 0, found ..."
+  /// for the first `size` bytes at `bytes` (fewer than 4 are named as such).
+  static std::string bad_magic(const std::string& name, const uint8_t* bytes, uint64_t size);
 
   ~file();
   file(const file&) = delete;

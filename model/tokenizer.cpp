@@ -25,7 +25,11 @@ result<std::shared_ptr<const tokenizer>> tokenizer::open(const std::string& path
   in.clear();
   in.seekg(0);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return from_bytes(bytes, path);
+  auto t = from_bytes(bytes, path);
+  if (!t && gguf::file::named_gguf(path))  // a name that says GGUF: its error first
+    return make_error(gguf::file::bad_magic(path, bytes.data(), bytes.size()) +
+                      " (as a llama2.c tokenizer: " + t.message() + ")");
+  return t;
 }
 
 result<std::shared_ptr<const tokenizer>> tokenizer::from_bytes(const std::vector<uint8_t>& b,

@@ -3,6 +3,7 @@
 // vocabulary-only GGUF works, as does a llama2.c model with -z.
 #include "base/parse.hpp"
 #include "model/bundle.hpp"
+#include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
@@ -23,7 +24,9 @@ std::shared_ptr<const model::tokenizer> open_tokenizer(const tokenize_opts& o) {
   if (o.model.empty() && o.tokenizer.empty()) return load_model("", "").tok;  // the default model's
   std::string tp = o.tokenizer;
   if (tp.empty()) {
-    if (model::is_gguf_path(o.model)) {
+    // A name that says GGUF counts too: an empty or truncated download then
+    // gets GGUF's error, not "tokenizer.bin is missing" beside it.
+    if (model::is_gguf_path(o.model) || model::gguf::file::named_gguf(o.model)) {
       tp = o.model;
     } else {
       const auto slash = o.model.rfind('/');

@@ -46,6 +46,9 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
   }
   const std::string copy = dir + "/copy.bin";
   std::ofstream(copy, std::ios::binary) << test::read_file(m);
+  // An empty download named .gguf, and a truncated one (16 bytes of text).
+  std::ofstream(dir + "/empty.gguf", std::ios::binary).flush();
+  std::ofstream(dir + "/text.GGUF", std::ios::binary) << "<html>not found\n";
   const std::vector<bad_input> table = {
       {"-t nan", {"run", "-m", "{M}", "-z", "{Z}", "-t", "nan"}, 2,
        {"-t/--temperature: got nan", "expected a finite number"}},
@@ -93,6 +96,14 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
        {"--batch: got 100000", "expected 1..4096 concurrent requests"}},
       {"node --threads 100000", {"node", "--listen", "127.0.0.1:0", "--threads", "100000"}, 2,
        {"--threads: got 100000", "expected 0 (the CPUs this process may use) to 1024"}},
+      // A file named .gguf that is not one: GGUF's error, not "tokenizer.bin is missing".
+      {"run -m empty.gguf", {"run", "-m", "{D}/empty.gguf", "-n", "4"}, 1,
+       {"empty.gguf: bad magic: expected \"GGUF\" (47 47 55 46) at offset 0, found only 0 bytes"}},
+      {"tokenize -m empty.gguf", {"tokenize", "-m", "{D}/empty.gguf", "-i", "hi"}, 1,
+       {"empty.gguf: bad magic: expected \"GGUF\"", "found only 0 bytes"}},
+      {"inspect empty.gguf", {"inspect", "{D}/empty.gguf"}, 1, {"empty.gguf: bad magic", "found only 0 bytes"}},
+      {"run -m text.GGUF", {"run", "-m", "{D}/text.GGUF", "-n", "4"}, 1,
+       {"text.GGUF: bad magic: expected \"GGUF\" (47 47 55 46) at offset 0, found 3c 68 74 6d"}},
       {"a byte-swapped llama2.c file", {"run", "-m", "{D}/swapped.bin", "-z", "{Z}", "-n", "4"}, 1,
        {"swapped.bin: byte-swapped llama2.c checkpoint", "dim 64, hidden 172, layers 5",
         "expected the little-endian layout"}},
@@ -117,6 +128,27 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
   CHECK(!exists(dir + "/huge.bin"));
   CHECK(!exists(dir + "/big.bin"));
   CHECK(test::read_file(copy) == test::read_file(m));
+}
+
+TEST_CASE("the format is told by the magic: a llama2.c checkpoint named .gguf loads as one",
+          "[cli][validation]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("named-gguf");
+  const std::string named = dir + "/stories260K.gguf";
+  std::ofstream(named, std::ios::binary) << test::read_file(test::shared_file("models/stories260K.bin"));
+  auto f = model::model_file::open(named);
+  INFO((f ? std::string() : f.message()));
+  REQUIRE(f);
+  CHECK((*f)->cfg().dim == 64);
+  CHECK((*f)->cfg().n_layers == 5);
+  // run finds its tokenizer.bin beside it, as for any llama2.c file.
+  std::ofstream(dir + "/tokenizer.bin", std::ios::binary) << test::read_file(test::shared_file("models/tok512.bin"));
+  auto r = test::run_command({test::cellshard_bin(), "run", "-m", named, "-n", "8", "-t", "0", "-q"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK(model::gguf::file::named_gguf("a/b.GgUf"));
+  CHECK(!model::gguf::file::named_gguf("a/b.gguf.bin"));
+  CHECK(!model::gguf::file::named_gguf("gguf"));
 }
 
 TEST_CASE("a run given its file's own digest with --expect-digest runs", "[cli][validation]") {
