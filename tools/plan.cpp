@@ -552,7 +552,7 @@ void add_plan(CLI::App& app, int& status) {
                   "with --calibrate: the sweep's model (preset or config.json) for rows whose model is not a preset "
                   "(default: --model)");
   cmd->add_option("--holdout", o->holdout,
-                  "with --calibrate: also fit without the rows RULE holds out (every:K[:J] or nodes:N) and report "
+                  "with --calibrate: also fit without the rows RULE holds out (every:K[:J], nodes:N or last:N) and report "
                   "the error of predicting them");
   cmd->add_option("--calibrate-hardware", o->calibrate_hardware, "where the sweep ran (host: measured here)")
       ->capture_default_str();

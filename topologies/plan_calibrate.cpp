@@ -532,7 +532,8 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
 }
 
 result<holdout_rule> parse_holdout(const std::string& text) {
-  const std::string want = "--holdout: expected every:K[:J] (K >= 2, 0 <= J < K) or nodes:N (N >= 2), got '" + text + "'";
+  const std::string want =
+      "--holdout: expected every:K[:J] (K >= 2, 0 <= J < K), nodes:N (N >= 2) or last:N (N >= 1), got '" + text + "'";
   std::vector<std::string> parts;
   std::string cur;
   for (char ch : text) {
@@ -557,6 +558,12 @@ result<holdout_rule> parse_holdout(const std::string& text) {
     if (parts.size() == 3 && (!number(parts[2], h.offset) || h.offset >= h.n)) return make_error(want);
     return h;
   }
+  if (parts[0] == "last" && parts.size() == 2) {
+    h.kind = holdout_rule::last;
+    if (!number(parts[1], h.n) || h.n < 1) return make_error(want);
+    h.offset = 0;
+    return h;
+  }
   if (parts[0] == "nodes" && parts.size() == 2) {
     h.kind = holdout_rule::nodes_at_least;
     if (!number(parts[1], h.n) || h.n < 2) return make_error(want);
@@ -568,6 +575,7 @@ result<holdout_rule> parse_holdout(const std::string& text) {
 
 std::string to_string(const holdout_rule& h) {
   if (h.kind == holdout_rule::nodes_at_least) return "nodes:" + std::to_string(h.n);
+  if (h.kind == holdout_rule::last) return "last:" + std::to_string(h.n);
   return "every:" + std::to_string(h.n) + ":" + std::to_string(h.offset);
 }
 
@@ -578,7 +586,10 @@ result<validation> validate(const std::vector<sweep_row>& rows, const plan_reque
   v.rule = rule;
   int position = 0;
   for (const auto& row : rows) {
-    const bool hold = rule.kind == holdout_rule::nodes_at_least ? row.nodes >= rule.n : position % rule.n == rule.offset;
+    const bool hold = rule.kind == holdout_rule::nodes_at_least ? row.nodes >= rule.n
+                      : rule.kind == holdout_rule::last
+                          ? position >= static_cast<int>(rows.size()) - rule.n
+                          : position % rule.n == rule.offset;
     ++position;
     (hold ? test : train).push_back(row);
   }

@@ -129,15 +129,17 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
 /// rows alone, so the split is the same on every run:
 ///   every:K[:J]  the rows whose position among the rows (in file
 ///                order, from 0) is J modulo K (J defaults to K - 1);
-///   nodes:N      the rows with N or more nodes (extrapolation in scale).
+///   nodes:N      the rows with N or more nodes (extrapolation in scale);
+///   last:N       the last N rows in file order (runs appended later: fresh
+///                points the fit never saw).
 struct holdout_rule {
-  enum kind_t { every, nodes_at_least } kind = every;
+  enum kind_t { every, nodes_at_least, last } kind = every;
   int n = 2;       // K, or N
   int offset = 1;  // J (every)
 };
-/// Parses "every:4", "every:4:0", "nodes:8". Errors say what was expected.
+/// Parses "every:4", "every:4:0", "nodes:8", "last:12". Errors say what was expected.
 result<holdout_rule> parse_holdout(const std::string& text);
-/// "every:4:3" / "nodes:8".
+/// "every:4:3" / "nodes:8" / "last:12".
 std::string to_string(const holdout_rule& h);
 
 /// A fit on the training rows and its predictions for the held-out ones.

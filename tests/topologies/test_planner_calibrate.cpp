@@ -167,9 +167,19 @@ TEST_CASE("held-out validation: a deterministic split, predictions of rows the f
   CHECK(w->held_out[0].error == Approx(-0.5).margin(1e-6));
   CHECK(w->max_abs_error == Approx(0.5).margin(1e-6));
 
+  // Fresh points appended to the file: the last 5 rows, whatever they are.
+  auto fresh = validate(*rows, base, preset_resolver(nullptr), *parse_holdout("last:5"));
+  REQUIRE(fresh);
+  REQUIRE(fresh->held_out.size() == 5u);
+  CHECK(fresh->held_out.front().line == (*rows)[rows->size() - 5].line);
+  CHECK(fresh->held_out.back().line == rows->back().line);
+  CHECK(fresh->max_abs_error < 1e-6);
+  CHECK(to_string(*parse_holdout("last:5")) == "last:5");
+  CHECK_FALSE(validate(*rows, base, preset_resolver(nullptr), *parse_holdout("last:36")));
+
   // Splits that leave nothing on one side, and bad rules.
   CHECK_FALSE(validate(*rows, base, preset_resolver(nullptr), *parse_holdout("nodes:9")));
-  for (const char* bad : {"every:1", "every:4:4", "every", "nodes:1", "nodes:x", "half", "every:-2"}) {
+  for (const char* bad : {"every:1", "every:4:4", "every", "nodes:1", "nodes:x", "half", "every:-2", "last:0", "last"}) {
     INFO(bad);
     auto r = parse_holdout(bad);
     REQUIRE_FALSE(r);
