@@ -103,8 +103,26 @@ const std::vector<std::string> default_regexes = {
     "[0-9][0-9][0-9]",
 };
 
+// Qwen2's (llama.cpp's QWEN2 pre-tokenizer type): Llama 3's pattern with
+// digits one by one (\p{N}) instead of in groups of up to three.
+const char* const qwen2_regex =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// GPT-2's own pattern (llama.cpp's GPT2 type): the second of the default set alone.
+const char* const gpt2_regex = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
+
 bool is_llama3_pre(const std::string& pre) {
   return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3";
+}
+// tokenizer.ggml.pre names llama.cpp maps to its QWEN2 and GPT2 types.
+bool is_qwen2_pre(const std::string& pre) {
+  return pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "megrez";
+}
+bool is_gpt2_pre(const std::string& pre) {
+  for (const char* p : {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
+                        "jina-v2-de", "jina-v2-code", "roberta-bpe"})
+    if (pre == p) return true;
+  return false;
 }
 
 #ifndef CELLSHARD_NO_ICU
@@ -279,10 +297,16 @@ result<std::shared_ptr<const tokenizer>> tokenizer::from_vocab(vocab_spec spec) 
     } else if (is_llama3_pre(spec.pre)) {
       t->regexes_ = {llama3_regex};
       t->ignore_merges_ = true;
+    } else if (is_qwen2_pre(spec.pre)) {
+      t->regexes_ = {qwen2_regex};
+    } else if (is_gpt2_pre(spec.pre)) {
+      t->regexes_ = {gpt2_regex};
     } else {
       return make_error(nm + ": key tokenizer.ggml.pre is '" + spec.pre +
                         "', expected one of the supported pre-tokenizers: default, llama-bpe "
-                        "(also llama3, llama-v3, falcon3)");
+                        "(also llama3, llama-v3, falcon3), qwen2 (also deepseek-r1-qwen, megrez), "
+                        "gpt-2 (also phi-2, roberta-bpe, gigachat, jina-es, jina-de, jina-v1-en, "
+                        "jina-v2-es, jina-v2-de, jina-v2-code)");
     }
     auto re = compile(t->regexes_);
     if (!re) return make_error(nm + ": " + re.message());

@@ -174,13 +174,14 @@ TEST_CASE("GGUF tokenizer bad inputs name the file and key", "[tokenizer][gguf]"
   r = model::tokenizer::from_vocab(spec);
   REQUIRE_FALSE(r.ok());
   CHECK(r.message() == "mem.gguf: key tokenizer.ggml.eos_token_id is 9, expected a token id below 4");
-  auto bpe = vocab_spec::defaults_for(model::tokenizer_kind::bpe, "qwen2");
+  auto bpe = vocab_spec::defaults_for(model::tokenizer_kind::bpe, "tekken");
   bpe.name = "mem.gguf";
   bpe.tokens = {"a", "b"};
   bpe.bos = bpe.eos = -1;
   r = model::tokenizer::from_vocab(bpe);
   REQUIRE_FALSE(r.ok());
-  CHECK(r.message().find("key tokenizer.ggml.pre is 'qwen2', expected one of the supported") != std::string::npos);
+  CHECK(r.message().find("key tokenizer.ggml.pre is 'tekken', expected one of the supported") != std::string::npos);
+  CHECK(r.message().find("qwen2") != std::string::npos);
   bpe.pre = "default";
   bpe.merges = {"ab"};
   r = model::tokenizer::from_vocab(bpe);
@@ -221,4 +222,41 @@ TEST_CASE("a small byte-level BPE with the default pre-tokenizer merges by rank"
   // " a" is one pre-token: byte-encoded space + a merge into "Ġa".
   CHECK((*t)->encode("b a", false, false) == std::vector<int>{1, 5});
   CHECK((*t)->decode(-1, 5) == " a");
+}
+
+TEST_CASE("qwen2 and gpt-2 pre-tokenizers split digits and punctuation as their patterns say",
+          "[tokenizer][gguf]") {
+  // Independent hand check on one byte-level vocabulary (ASCII bytes are
+  // their own symbols): merges "1 2" then "12 3" make "123"; "( a" then
+  // "(a b" make "(ab". Which merges can apply depends only on the pre-tokens:
+  //  - llama-bpe: digits in groups of up to 3 ("123" "4"); an optional
+  //    non-letter joins the letters after it ("x" "(ab");
+  //  - qwen2: the same, but every digit alone;
+  //  - gpt-2: " ?\p{N}+" keeps "1234" together ("123" then "4" by the
+  //    merges); "(" and "ab" are separate pre-tokens (letters only after an
+  //    optional space), and "ab" has no merge.
+  const std::vector<std::string> tokens = {"1", "2", "3", "4", "12", "123", "(", "a", "b", "x", "(a", "(ab"};
+  auto make = [&](const std::string& pre) {
+    auto s = model::vocab_spec::defaults_for(model::tokenizer_kind::bpe, pre);
+    s.name = "mem-" + pre;
+    s.tokens = tokens;
+    s.merges = {"1 2", "12 3", "( a", "(a b"};
+    s.bos = s.eos = -1;
+    s.add_bos = false;
+    auto t = model::tokenizer::from_vocab(s);
+    INFO(pre << ": " << (t ? std::string() : t.message()));
+    REQUIRE(t.ok());
+    return *t;
+  };
+  using ids = std::vector<int>;
+  const auto llama3 = make("llama-bpe"), qwen2 = make("qwen2"), gpt2 = make("gpt-2");
+  CHECK(llama3->encode("1234", false, false) == ids{5, 3});
+  CHECK(qwen2->encode("1234", false, false) == ids{0, 1, 2, 3});
+  CHECK(gpt2->encode("1234", false, false) == ids{5, 3});
+  CHECK(llama3->encode("x(ab", false, false) == ids{9, 11});
+  CHECK(qwen2->encode("x(ab", false, false) == ids{9, 11});
+  CHECK(gpt2->encode("x(ab", false, false) == ids{9, 6, 7, 8});
+  // The other names llama.cpp maps to the same types.
+  CHECK(make("deepseek-r1-qwen")->encode("1234", false, false) == ids{0, 1, 2, 3});
+  CHECK(make("phi-2")->encode("x(ab", false, false) == ids{9, 6, 7, 8});
 }
