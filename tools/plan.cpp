@@ -406,6 +406,15 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
   }
 
   if (cal) {
+    // The sweep's own description (its '#' lines): where, when and how the
+    // rows were measured, so the report names the runs it was fitted on.
+    {
+      std::istringstream in(read_text(o.calibrate));
+      std::string line, notes;
+      while (std::getline(in, line))
+        if (!line.empty() && line[0] == '#') notes += "    " + line + "\n";
+      if (!notes.empty()) md << "## The measured runs\n\nThe calibration sweep describes itself:\n\n" << notes << "\n";
+    }
     md << "## Calibration\n\n`--calibrate " << o.calibrate << "` fitted " << cal->free.size()
        << " constants (" << constants_text(cal->fitted) << ") to " << cal->points.size()
        << " measured points; the plan above uses them"
