@@ -96,14 +96,23 @@ struct cluster::impl {
   std::shared_ptr<const model::tokenizer> tok;
   topologies::placement plan;
   std::shared_ptr<shard_host> host;
-  std::shared_ptr<runtime_shared> rt;  // placement state, shards by placement index
-  caf::actor supervisor;               // the cluster supervisor
+  std::shared_ptr<const runtime_config> rtc;  // what the runtime runs (read-only)
+  // The runtime's actors (handles released under mu at shutdown) and the
+  // board where its coordinator publishes the placement state.
+  runtime run;
+  std::shared_ptr<runtime_board> board;
   std::mutex mu;
   std::map<uint64_t, caf::actor> sessions;
   std::atomic<uint64_t> next_id{1};
   bool stopped = false;
   std::function<double(int)> transfer_estimate;  // ms on the critical path's links for n positions
   fault_snapshot last_faults;  // under mu: the coordinator's last answer
+
+  /// The coordinator's latest snapshot (never null: empty before start).
+  std::shared_ptr<const runtime_view> view() const {
+    auto v = board ? board->get() : nullptr;
+    return v ? v : std::make_shared<const runtime_view>();
+  }
 
   /// The coordinator's fault records and cleared suspicions (last known
   /// after shutdown). Any thread.
@@ -284,7 +293,7 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   }
 
   // The supervision tree spawns the shards (through the host) and wires them.
-  auto rt = std::make_shared<runtime_shared>();
+  auto rt = std::make_shared<runtime_config>();
   rt->plan = im->plan;
   rt->host = im->host;
   rt->weights = *fmt;
@@ -304,11 +313,12 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   if (!opts.faults.empty() || opts.fault_injection)
     rt->opts.faults = std::make_shared<supervision::fault_injector>(opts.faults);
   // Starting shards (remote spawns, weight loading) is not a step: at least 30 s.
-  auto sup = start_runtime(*im->sys, rt, std::max(opts.step_timeout, std::chrono::milliseconds(30000)));
-  if (!sup) return sup.err();
-  im->supervisor = *sup;
+  auto run = start_runtime(*im->sys, rt, std::max(opts.step_timeout, std::chrono::milliseconds(30000)));
+  if (!run) return run.err();
+  im->run = std::move(*run);
+  im->board = im->run.board;
   im->transfer_estimate = transfer_estimate(im->plan, im->file->cfg(), im->host->nodes());
-  im->rt = rt;
+  im->rtc = std::move(rt);
   return std::unique_ptr<cluster>(new cluster(std::move(im)));
 }
 
@@ -335,20 +345,16 @@ uint64_t cluster::submit(model::generation_params params, token_callback on_toke
   {
     std::lock_guard<std::mutex> lock(im.mu);
     stopped = im.stopped;
+    spec.coordinator = im.run.coordinator;
   }
   if (stopped) return refuse("cluster is shut down");
-  std::string failure;
-  {
-    std::lock_guard<std::mutex> lock(im.rt->mu);
-    spec.shards = im.rt->actor_of;
-    spec.entry = im.rt->actor_of[im.plan.stages.front().shards.front()];
-    if (im.rt->failed) failure = im.rt->failure.empty() ? std::string("the runtime failed") : im.rt->failure;
-  }
-  if (!failure.empty()) return refuse(failure);
+  const auto view = im.view();
+  if (!view->failure.empty()) return refuse(view->failure);
+  spec.shards = view->actor_of;
+  spec.entry = view->actor_of[im.plan.stages.front().shards.front()];
   for (const auto& sh : im.plan.shards) spec.stage_of.push_back(sh.stage);
   for (const auto& stg : im.plan.stages) spec.stages.push_back(stg.shards);
   for (const auto& sh : im.plan.shards) spec.expert_node.push_back(sh.expert_node ? 1 : 0);
-  spec.coordinator = im.rt->coordinator;
   spec.step_timeout = im.opts.step_timeout;
   spec.step_timeout_min = im.opts.step_timeout_min;
   spec.expected_transfer_ms = im.transfer_estimate;
@@ -405,11 +411,7 @@ result<session_outcome> cluster::generate(model::generation_params params, token
 result<std::vector<shard_stats>> cluster::stats(std::chrono::milliseconds deadline) {
   std::vector<shard_stats> out;
   caf::scoped_actor self{*impl_->sys};
-  std::vector<caf::actor> shards;
-  {
-    std::lock_guard<std::mutex> lock(impl_->rt->mu);
-    shards = impl_->rt->actor_of;
-  }
+  const std::vector<caf::actor> shards = impl_->view()->actor_of;
   for (auto& s : shards) {
     std::string err;
     self->request(s, deadline, stats_atom::value)
@@ -421,11 +423,7 @@ result<std::vector<shard_stats>> cluster::stats(std::chrono::milliseconds deadli
 }
 
 std::vector<std::optional<shard_stats>> cluster::shard_statistics(std::chrono::milliseconds each) {
-  std::vector<caf::actor> shards;
-  {
-    std::lock_guard<std::mutex> lock(impl_->rt->mu);
-    shards = impl_->rt->actor_of;
-  }
+  const std::vector<caf::actor> shards = impl_->view()->actor_of;
   std::vector<std::optional<shard_stats>> out(shards.size());
   caf::scoped_actor self{*impl_->sys};
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -449,8 +447,8 @@ fault_snapshot cluster::impl::fault_state() {
   // not answer, the last snapshot taken stands.
   caf::actor coord;
   {
-    std::lock_guard<std::mutex> lock(rt->mu);
-    coord = rt->coordinator;
+    std::lock_guard<std::mutex> lock(mu);
+    coord = run.coordinator;
   }
   if (coord && sys) {
     caf::scoped_actor self{*sys};
@@ -472,13 +470,9 @@ std::vector<suspicion_info> cluster::suspicions() const { return impl_->fault_st
 
 result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chrono::milliseconds deadline) {
   std::vector<link_measurement> out;
-  std::vector<caf::actor> actors;
-  std::vector<int> nodes;
-  {
-    std::lock_guard<std::mutex> lock(impl_->rt->mu);
-    actors = impl_->rt->actor_of;
-    nodes = impl_->rt->node_of;
-  }
+  const auto view = impl_->view();  // one snapshot: actors and nodes agree
+  const std::vector<caf::actor>& actors = view->actor_of;
+  const std::vector<int>& nodes = view->node_of;
   // The links of the placement: rank 0 of a stage to every shard of the next,
   // and every pair inside a tensor-parallel group.
   std::vector<std::pair<int, int>> pairs;  // placement indices
@@ -521,7 +515,7 @@ result<std::vector<cluster::link_measurement>> cluster::measure_links(std::chron
 }
 
 result<void> cluster::inject(const supervision::fault_plan& p) {
-  if (!impl_->rt->opts.faults)
+  if (!impl_->rtc->opts.faults)
     return make_error("fault injection: the cluster was started without fault_injection");
   if (p.node >= impl_->plan.shards.size())
     return make_error("fault injection: placement index " + std::to_string(p.node) + " holds no shard (indices 0.." +
@@ -531,20 +525,13 @@ result<void> cluster::inject(const supervision::fault_plan& p) {
                       "they were spawned; signal the daemon process instead");
   auto ok = supervision::validate(p);
   if (!ok) return ok.err();
-  impl_->rt->opts.faults->add(p);
+  impl_->rtc->opts.faults->add(p);
   return {};
 }
 
-std::string cluster::failure() const {
-  std::lock_guard<std::mutex> lock(impl_->rt->mu);
-  return impl_->rt->failed ? (impl_->rt->failure.empty() ? std::string("the runtime failed") : impl_->rt->failure)
-                           : std::string();
-}
+std::string cluster::failure() const { return impl_->view()->failure; }
 
-std::vector<int> cluster::current_nodes() const {
-  std::lock_guard<std::mutex> lock(impl_->rt->mu);
-  return impl_->rt->node_of;
-}
+std::vector<int> cluster::current_nodes() const { return impl_->view()->node_of; }
 const model::config& cluster::config() const { return impl_->file->cfg(); }
 uint64_t cluster::model_digest() const { return impl_->file->digest(); }
 
@@ -562,23 +549,21 @@ void cluster::shutdown() {
   for (auto& kv : sessions) caf::anon_send(kv.second, cancel_atom::value);
   sessions.clear();
   impl_->fault_state();  // kept for faults() and suspicions() after shutdown
-  stop_runtime(*impl_->rt, impl_->supervisor);
+  // Afterwards the board holds node_of and the failure, no handle.
+  runtime run;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    run = impl_->run;
+  }
+  stop_runtime(*impl_->sys, run);
   impl_->host->shutdown(*impl_->sys);
   // Release every handle before the actor system goes: a handle (above all
   // a remote proxy's) released after ~actor_system touches freed memory.
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->sessions.clear();
+    impl_->run = runtime{};
   }
-  {
-    std::lock_guard<std::mutex> lock(impl_->rt->mu);
-    impl_->rt->actor_of.assign(impl_->rt->actor_of.size(), caf::actor{});
-    impl_->rt->heartbeats.clear();
-    impl_->rt->stage_supervisors.clear();
-    impl_->rt->heartbeat_monitor = nullptr;
-    impl_->rt->coordinator = nullptr;
-  }
-  impl_->supervisor = nullptr;
   impl_->sys.reset();  // waits for every actor to finish
 }
 

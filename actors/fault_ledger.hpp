@@ -15,8 +15,8 @@
 // node, then the supervisor restarted the shard) is the same failure. A
 // `slow` plan fires at every step it covers and gets one record.
 //
-// Thread safety: none; the owner serialises calls (today under the
-// runtime's mutex, runtime_shared::mu). No CAF: unit-tested alone
+// Thread safety: none; the owner serialises calls (the coordinator actor
+// of actors/recovery.cpp owns it). No CAF: unit-tested alone
 // (tests/actors/test_fault_ledger.cpp).
 #pragma once
 

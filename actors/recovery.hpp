@@ -28,7 +28,11 @@
 // sessions restore the shard's KV cache from their checkpoints and replay.
 // Messages of an older epoch -- e.g. from a frozen daemon that wakes up --
 // are dropped by every receiver (actors/messages.hpp).
-// Thread safety: runtime_shared is locked by its mutex; the rest are actors.
+// Thread safety: the coordinator actor is the only owner of the placement
+// state (where each shard runs, its actor, unhealthy nodes, spares, the
+// failure): supervisors' factories ask it for starts by message, spawn
+// results come back to it as messages, and everyone else reads the
+// immutable snapshots it publishes (runtime_board). No lock guards it.
 #pragma once
 
 #include "actors/host.hpp"
@@ -46,7 +50,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
-#include <mutex>
+#include <atomic>
 #include <set>
 #include <string>
 #include <vector>
@@ -82,9 +86,10 @@ struct fault_snapshot {
   std::vector<suspicion_info> suspicions;
 };
 
-/// State shared by the cluster, the coordinator and the shard factories.
-struct runtime_shared {
-  std::mutex mu;
+/// What a runtime runs: fixed when start_runtime is called, never written
+/// afterwards (shared read-only by the cluster, the coordinator and the
+/// supervisors' factories; `opts.faults` is a thread-safe injector).
+struct runtime_config {
   topologies::placement plan;
   std::shared_ptr<shard_host> host;
   model::weight_format weights = model::weight_format::f32;
@@ -92,34 +97,60 @@ struct runtime_shared {
   int ctx = 0;
   std::string kernels = "native";
   recovery_options opts;
-  std::vector<int> node_of;             // current node of each placement index
-  std::vector<caf::actor> actor_of;     // current actor of each placement index
-  std::set<int> unhealthy;              // nodes suspected silent
-  std::deque<int> spare_nodes;          // nodes free to take shards
-  std::vector<caf::actor> heartbeats;   // heartbeat sender by node index (may live in a daemon)
-  std::vector<caf::actor> stage_supervisors;  // by stage, once the tree runs
-  caf::actor heartbeat_monitor;
-  caf::actor coordinator;
-  std::string last_error;               // why the last factory call failed
-  bool failed = false;
-  std::string failure;
 };
 
-/// Starts heartbeats, the coordinator and the supervision tree, which spawns
-/// every shard. Returns when all shards run (actor_of filled) or with an error.
-result<caf::actor> start_runtime(caf::actor_system& sys, std::shared_ptr<runtime_shared> rt,
-                                 std::chrono::milliseconds deadline);
+/// One immutable snapshot of the coordinator's placement state, published
+/// by the coordinator after every change (it is the state's only owner and
+/// writer; nothing else ever writes it). Readers see the latest snapshot
+/// as a whole, never a half-made one.
+struct runtime_view {
+  std::vector<int> node_of;          // current node of each placement index (-1: none)
+  std::vector<caf::actor> actor_of;  // current shard of each placement index (cleared once stopped)
+  std::string failure;               // why the runtime can no longer serve; "" while it can
+};
+
+/// Where the coordinator publishes its runtime_view. Thread safety: any
+/// thread; get() and publish() are atomic shared_ptr loads and stores.
+class runtime_board {
+public:
+  /// The latest snapshot; null before the coordinator's first.
+  std::shared_ptr<const runtime_view> get() const { return std::atomic_load(&view_); }
+  /// Called by the coordinator only.
+  void publish(std::shared_ptr<const runtime_view> v) { std::atomic_store(&view_, std::move(v)); }
+
+private:
+  std::shared_ptr<const runtime_view> view_;
+};
+
+/// A running runtime, as start_runtime hands it to its owner (the cluster).
+/// The handles never change until stop_runtime; the placement state is the
+/// coordinator's, read through `board`.
+struct runtime {
+  caf::actor supervisor;   // the cluster supervisor
+  caf::actor coordinator;
+  caf::actor heartbeat_monitor;
+  std::vector<caf::actor> heartbeats;  // heartbeat sender by node index (may live in a daemon)
+  std::shared_ptr<runtime_board> board = std::make_shared<runtime_board>();
+};
+
+/// Starts the coordinator, heartbeats and the supervision tree, which
+/// spawns every shard (the supervisors' factories ask the coordinator, which
+/// chooses nodes and spawns through cfg->host); waits -- as a request with
+/// `deadline` -- until every shard runs and has its wiring, or for the
+/// first error, after which everything started is stopped again.
+result<runtime> start_runtime(caf::actor_system& sys, std::shared_ptr<const runtime_config> cfg,
+                              std::chrono::milliseconds deadline);
 
 /// Stops the supervision tree, the shards, heartbeats and the coordinator
 /// (actors that re-arm timers would otherwise keep the actor system alive).
-void stop_runtime(runtime_shared& rt, const caf::actor& supervisor);
+/// Afterwards the board holds the last node_of and failure, and no handle.
+/// Releases rt's handles. Blocks for at most ~5 s (the coordinator's answer).
+void stop_runtime(caf::actor_system& sys, runtime& rt);
 
 /// The wiring of placement index `index`: its program (the placement's) and
 /// the current actors of its group and of the next stage.
-wiring wiring_of(const runtime_shared& rt, int index);
-
-/// Sends the placement's wiring to every shard (initially and after restarts).
-void send_wiring(const runtime_shared& rt, int stage);
+wiring wiring_of(const topologies::placement& plan, const std::vector<int>& node_of,
+                 const std::vector<caf::actor>& actor_of, int index);
 
 }  // namespace cellshard::actors
 
