@@ -16,6 +16,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <random>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -97,6 +98,36 @@ void set_nodelay(int fd) {
 
 }  // namespace
 
+/// An accepted connection past its key. Its reader thread owns the fd (closed
+/// with the plane); a frame is read by whoever holds `rd` (the reader thread,
+/// or a borrower's pump while the reading is lent).
+struct data_plane::inbound {
+  int fd = -1;
+  int wake = -1;  // eventfd: the reader's poll wakes to park when the reading is lent
+  std::mutex rd;
+  std::atomic<bool> dead{false};
+  ~inbound() {
+    if (wake >= 0) ::close(wake);
+  }
+};
+
+namespace {
+/// True when fd has bytes to read now.
+bool readable_now(int fd) {
+  pollfd pf{fd, POLLIN, 0};
+  return ::poll(&pf, 1, 0) > 0 && (pf.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
+void drain_eventfd(int fd) {
+  uint64_t v;
+  while (::read(fd, &v, sizeof v) > 0) {
+  }
+}
+void post_eventfd(int fd) {
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t k = ::write(fd, &one, sizeof one);
+}
+}  // namespace
+
 struct data_plane::link {
   enum class state { none, asking, dialing, up, broken };
   std::mutex mu;
@@ -114,6 +145,11 @@ struct data_plane::link {
 bool data_plane::enabled_by_env() {
   const char* v = std::getenv("CELLSHARD_DATA_PLANE");
   return !(v && std::string(v) == "caf");
+}
+
+bool data_plane::lend_by_env() {
+  const char* v = std::getenv("CELLSHARD_DATA_PLANE");
+  return v && std::string(v) == "lend";
 }
 
 bool data_plane::fused_by_env() {
@@ -152,6 +188,7 @@ caf::expected<std::shared_ptr<data_plane>> data_plane::start(const std::string& 
   dp->ep_ = data_endpoint{host, port, (static_cast<uint64_t>(rd()) << 32) ^ rd()};
   dp->log_ = std::move(log);
   if (dp->log_) dp->log_("data plane: listening " + host + ":" + std::to_string(port));
+  dp->kick_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   dp->acceptor_ = std::thread([p = dp.get()] { p->accept_loop(); });
   return dp;
 }
@@ -176,11 +213,17 @@ data_plane::~data_plane() {
   }
   for (auto& l : links)
     if (l->th.joinable()) l->th.join();
+  {
+    std::lock_guard<std::mutex> g(lend_mu_);
+    lent_ = false;
+  }
+  lend_cv_.notify_all();  // parked readers see closing_
   for (auto& r : readers) ::shutdown(r.first, SHUT_RDWR);
   for (auto& r : readers) {
     if (r.second.joinable()) r.second.join();
     ::close(r.first);
   }
+  if (kick_fd_ >= 0) ::close(kick_fd_);
 }
 
 void data_plane::attach(const caf::actor& a, sink s) {
@@ -586,79 +629,170 @@ void data_plane::read_loop(int fd) {
     ::shutdown(fd, SHUT_RDWR);
     return;
   }
-  const bool host_big = host_big_endian();
-  char head[frame_head + partial_fields + blob_head];
+  // A frame is read once its first bytes are here; the rest follows at once
+  // from the sender's one write. A sender frozen mid-frame must not hold the
+  // reader (or a borrower) for ever: 2 s, then the connection ends.
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  auto in = std::make_shared<inbound>();
+  in->fd = fd;
+  in->wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    inbound_.push_back(in);
+  }
+  if (lent_) post_eventfd(in->wake);  // lent before it was listed: park
   for (;;) {
-    if (!read_full(fd, head, frame_head)) break;
-    const uint64_t dest = get_u64(head + 8);
-    const uint64_t body = get_u64(head + 16);
-    if (get_u32(head) != frame_magic || static_cast<uint8_t>(head[4]) != kind_partial_sum ||
-        body < partial_fields + blob_head || body > max_body) {
-      ++refused_;
-      break;
+    {
+      std::unique_lock<std::mutex> lk(lend_mu_);
+      lend_cv_.wait(lk, [&] { return !lent_ || closing_; });
     }
-    char* f = head + frame_head;
-    if (!read_full(fd, f, partial_fields + blob_head)) break;
-    partial_sum m;
-    m.id.session = get_u64(f);
-    m.id.epoch = get_u32(f + 8);
-    m.id.pos0 = static_cast<int32_t>(get_u32(f + 12));
-    m.id.count = static_cast<int32_t>(get_u32(f + 16));
-    m.layer = static_cast<int32_t>(get_u32(f + 20));
-    m.phase = static_cast<int32_t>(get_u32(f + 24));
-    m.rank = static_cast<int32_t>(get_u32(f + 28));
-    // The blob as blob::decode reads it: the sender's byte order, the count,
-    // the checksum of the payload as sent.
-    const char* b = f + partial_fields;
-    const uint8_t flags = static_cast<uint8_t>(b[0]);
-    const bool swap = ((flags & 1) != 0) != host_big;
-    const bool q8 = (flags & 2) != 0;
-    uint32_t n;
-    uint64_t h;
-    std::memcpy(&n, b + 1, 4);
-    std::memcpy(&h, b + 5, 8);
-    if (swap) {
-      n = __builtin_bswap32(n);
-      h = __builtin_bswap64(h);
-    }
-    const uint64_t payload = q8 ? q8_payload_bytes(n) : static_cast<uint64_t>(n) * 4;
-    if ((flags & ~3u) != 0 || body != partial_fields + blob_head + payload) {
-      ++refused_;  // the frame's length disagrees with its blob: the stream cannot be trusted
-      break;
-    }
-    if (q8) {  // --sync q8_0 blocks (blob::encode's flags bit 1)
-      std::vector<char> q(payload);
-      if (!read_full(fd, q.data(), q.size())) break;
-      if (XXH64(q.data(), q.size(), 0) != h) {
-        m.data.status = 1;
-      } else {
-        m.data.data.resize(n);
-        q8_unpack(q.data(), n, m.data.data.data(), swap);
-        m.data.q8 = true;
-      }
-      ++received_;
-      bytes_received_ += frame_head + body;
-      deliver_local(dest, std::move(m));
+    if (closing_ || in->dead) break;
+    pollfd pf[2] = {{fd, POLLIN, 0}, {in->wake, POLLIN, 0}};
+    const int r = ::poll(pf, 2, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    if (pf[1].revents != 0) {  // the reading is lent (or the plane closes): park
+      drain_eventfd(in->wake);
       continue;
     }
-    m.data.data.resize(n);
-    if (!read_full(fd, reinterpret_cast<char*>(m.data.data.data()), static_cast<size_t>(n) * 4)) break;
-    if (XXH64(m.data.data.data(), static_cast<size_t>(n) * 4, 0) != h) {
-      m.data.data.clear();
+    if (pf[0].revents == 0) continue;
+    std::lock_guard<std::mutex> g(in->rd);
+    if (in->dead) break;
+    if (lent_ || !readable_now(fd)) continue;  // the borrower read it
+    if (!read_frame(fd)) {
+      in->dead = true;
+      break;
+    }
+  }
+  in->dead = true;
+  ::shutdown(fd, SHUT_RDWR);
+}
+
+bool data_plane::read_frame(int fd) {
+  const bool host_big = host_big_endian();
+  char head[frame_head + partial_fields + blob_head];
+  if (!read_full(fd, head, frame_head)) return false;
+  const uint64_t dest = get_u64(head + 8);
+  const uint64_t body = get_u64(head + 16);
+  if (get_u32(head) != frame_magic || static_cast<uint8_t>(head[4]) != kind_partial_sum ||
+      body < partial_fields + blob_head || body > max_body) {
+    ++refused_;
+    return false;
+  }
+  char* f = head + frame_head;
+  if (!read_full(fd, f, partial_fields + blob_head)) return false;
+  partial_sum m;
+  m.id.session = get_u64(f);
+  m.id.epoch = get_u32(f + 8);
+  m.id.pos0 = static_cast<int32_t>(get_u32(f + 12));
+  m.id.count = static_cast<int32_t>(get_u32(f + 16));
+  m.layer = static_cast<int32_t>(get_u32(f + 20));
+  m.phase = static_cast<int32_t>(get_u32(f + 24));
+  m.rank = static_cast<int32_t>(get_u32(f + 28));
+  // The blob as blob::decode reads it: the sender's byte order, the count,
+  // the checksum of the payload as sent.
+  const char* b = f + partial_fields;
+  const uint8_t flags = static_cast<uint8_t>(b[0]);
+  const bool swap = ((flags & 1) != 0) != host_big;
+  const bool q8 = (flags & 2) != 0;
+  uint32_t n;
+  uint64_t h;
+  std::memcpy(&n, b + 1, 4);
+  std::memcpy(&h, b + 5, 8);
+  if (swap) {
+    n = __builtin_bswap32(n);
+    h = __builtin_bswap64(h);
+  }
+  const uint64_t payload = q8 ? q8_payload_bytes(n) : static_cast<uint64_t>(n) * 4;
+  if ((flags & ~3u) != 0 || body != partial_fields + blob_head + payload) {
+    ++refused_;  // the frame's length disagrees with its blob: the stream cannot be trusted
+    return false;
+  }
+  if (q8) {  // --sync q8_0 blocks (blob::encode's flags bit 1)
+    std::vector<char> q(payload);
+    if (!read_full(fd, q.data(), q.size())) return false;
+    if (XXH64(q.data(), q.size(), 0) != h) {
       m.data.status = 1;
-    } else if (swap) {
-      for (auto& x : m.data.data) {
-        uint32_t v;
-        std::memcpy(&v, &x, 4);
-        v = __builtin_bswap32(v);
-        std::memcpy(&x, &v, 4);
-      }
+    } else {
+      m.data.data.resize(n);
+      q8_unpack(q.data(), n, m.data.data.data(), swap);
+      m.data.q8 = true;
     }
     ++received_;
     bytes_received_ += frame_head + body;
     deliver_local(dest, std::move(m));
+    return true;
   }
-  ::shutdown(fd, SHUT_RDWR);
+  m.data.data.resize(n);
+  if (!read_full(fd, reinterpret_cast<char*>(m.data.data.data()), static_cast<size_t>(n) * 4)) return false;
+  if (XXH64(m.data.data.data(), static_cast<size_t>(n) * 4, 0) != h) {
+    m.data.data.clear();
+    m.data.status = 1;
+  } else if (swap) {
+    for (auto& x : m.data.data) {
+      uint32_t v;
+      std::memcpy(&v, &x, 4);
+      v = __builtin_bswap32(v);
+      std::memcpy(&x, &v, 4);
+    }
+  }
+  ++received_;
+  bytes_received_ += frame_head + body;
+  deliver_local(dest, std::move(m));
+  return true;
+}
+
+bool data_plane::lend() {
+  {
+    std::lock_guard<std::mutex> g(lend_mu_);
+    if (lent_ || closing_) return false;
+    lent_ = true;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& in : inbound_)
+    if (!in->dead) post_eventfd(in->wake);
+  return true;
+}
+
+void data_plane::give_back() {
+  {
+    std::lock_guard<std::mutex> g(lend_mu_);
+    lent_ = false;
+  }
+  lend_cv_.notify_all();
+}
+
+void data_plane::kick() {
+  if (kick_fd_ >= 0) post_eventfd(kick_fd_);
+}
+
+void data_plane::pump(std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<inbound>> ins;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& in : inbound_)
+      if (!in->dead) ins.push_back(in);
+  }
+  std::vector<pollfd> pf;
+  for (const auto& in : ins) pf.push_back({in->fd, POLLIN, 0});
+  pf.push_back({kick_fd_, POLLIN, 0});
+  const int r = ::poll(pf.data(), pf.size(), static_cast<int>(timeout.count()));
+  if (r <= 0) return;
+  if (pf.back().revents != 0) drain_eventfd(kick_fd_);
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (pf[i].revents == 0) continue;
+    auto& in = *ins[i];
+    std::lock_guard<std::mutex> g(in.rd);
+    if (in.dead) continue;
+    // Every frame already here (a peer may have sent the next layer's too).
+    while (readable_now(in.fd))
+      if (!read_frame(in.fd)) {
+        in.dead = true;
+        ::shutdown(in.fd, SHUT_RDWR);  // its reader thread sees the end once the reading is given back
+        break;
+      }
+  }
 }
 
 }  // namespace cellshard::actors

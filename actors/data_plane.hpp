@@ -52,6 +52,7 @@
 #include <caf/expected.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -99,6 +100,12 @@ public:
   /// layer half is a job of its own (the path before actors/shard.cpp's fused
   /// jobs; for comparisons: bench peers --cluster --data-plane socket,unfused).
   static bool fused_by_env();
+  /// True when CELLSHARD_DATA_PLANE=lend: fused jobs borrow the reading
+  /// (lend/pump below) instead of waiting on a condition variable while the
+  /// reader threads read. Off by default: 3x fewer context switches, but no
+  /// lower time per token measured on the shared 2-core host
+  /// (docs/distributed.md, "Fused tensor jobs").
+  static bool lend_by_env();
   ~data_plane();
   data_plane(const data_plane&) = delete;
   data_plane& operator=(const data_plane&) = delete;
@@ -129,6 +136,23 @@ public:
   /// Connects to `ep` in the background (bounded: 2 s); send() uses the
   /// link once its key is written.
   void dial(const std::string& peer, const data_endpoint& ep);
+  /// Lending the reading (a fused job of actors/shard.cpp with
+  /// CELLSHARD_DATA_PLANE=lend, issue #19): while
+  /// lent, the plane's reader threads are parked and the borrower reads every
+  /// inbound link itself in pump(), so a partial sum wakes the thread that
+  /// waits for it and nothing else (a reader thread's wake-up was the largest
+  /// cost left per reduction: docs/distributed.md). At most one borrower at a
+  /// time: lend() is false when another thread holds it (that one then waits
+  /// on the sink's side as before). Frames for other actors read meanwhile
+  /// are delivered as the readers would; they wait in the socket while the
+  /// borrower computes. give_back() must follow every successful lend().
+  bool lend();
+  void give_back();
+  /// The borrower: reads and delivers the frames that arrive within
+  /// `timeout` (returns at the first batch, or at a kick()).
+  void pump(std::chrono::milliseconds timeout);
+  /// Wakes a pump() in progress (something for the borrower came another way).
+  void kick();
   /// Whether the link to `peer` is up (for tests).
   bool link_up(const std::string& peer);
   /// Waits until the link to `peer` is up (true) or failed, or `timeout`.
@@ -142,6 +166,8 @@ private:
   data_plane() = default;
   void accept_loop();
   void read_loop(int fd);
+  struct inbound;
+  bool read_frame(int fd);  // one frame, delivered; false: the connection cannot go on
   void flush_loop(std::shared_ptr<link> l, data_endpoint ep);
   void fail(link& l);  // with l.mu held
   void deliver_local(uint64_t dest, partial_sum&& m);  // to the attached actor `dest`, if still there
@@ -156,6 +182,11 @@ private:
   mutable std::mutex mu_;  // links_, readers_, local_
   std::map<std::string, std::shared_ptr<link>> links_;
   std::vector<std::pair<int, std::thread>> readers_;
+  std::vector<std::shared_ptr<inbound>> inbound_;  // connections past their key
+  std::mutex lend_mu_;
+  std::condition_variable lend_cv_;  // parked readers wait here while lent
+  std::atomic<bool> lent_{false};
+  int kick_fd_ = -1;                 // eventfd: wakes the borrower's pump
   struct local_actor {
     caf::actor_addr addr;
     std::shared_ptr<sink> take;  // may be null

@@ -188,6 +188,10 @@ struct fused_router {
   std::unordered_map<uint64_t, std::shared_ptr<fused_inbox>> by_session;
   int group_size = 0;
   bool enabled = false;  // data plane on, and not CELLSHARD_DATA_PLANE=unfused
+  // The node's data plane: a job that borrowed its reading waits in pump(),
+  // not on cv; kick() wakes it (set once at the shard's start).
+  std::shared_ptr<data_plane> plane;
+  bool lend = false;  // CELLSHARD_DATA_PLANE=lend
 
   /// Takes `p` when the fused job of its step waits for it (checksum good,
   /// rank and phase valid); false: the actor handles it as before.
@@ -211,6 +215,7 @@ struct fused_router {
       if (have < group_size - 1) return true;
     }
     cv.notify_all();
+    if (!count && plane) plane->kick();  // from the actor: the job may be in pump()
     return true;
   }
   /// The session's fused job (if any) stops at its next wait.
@@ -222,6 +227,7 @@ struct fused_router {
       it->second->abort = true;
     }
     cv.notify_all();
+    if (plane) plane->kick();
   }
 };
 
@@ -705,6 +711,17 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
     kernels::pool::scope use_pool(kpool.get());
     const size_t n = static_cast<size_t>(count) * weights->cfg().dim;
     std::map<int32_t, uint64_t> sent;
+    // CELLSHARD_DATA_PLANE=lend: this thread reads the inbound links itself
+    // while the job runs (one wake-up per partial's arrival instead of a
+    // reader thread's and then this one's); otherwise, or while another
+    // shard's job holds them, it waits on the router's cv.
+    struct lent_reading {
+      data_plane* p;
+      bool on;
+      ~lent_reading() {
+        if (on) p->give_back();
+      }
+    } lent{plane.get(), router->lend && plane->lend()};
     size_t at = 0;
     for (; at < ops.size(); ++at) {
       const auto& f = ops[at];
@@ -740,8 +757,15 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
           return true;
         };
         const auto until = clock_type::now() + fused_wait + std::chrono::nanoseconds(4 * ns);
-        while (!ready() && !c.inbox->abort && !cancelled && clock_type::now() < until)
-          router->cv.wait_for(lk, std::chrono::milliseconds(10));
+        while (!ready() && !c.inbox->abort && !cancelled && clock_type::now() < until) {
+          if (!lent.on) {
+            router->cv.wait_for(lk, std::chrono::milliseconds(10));
+            continue;
+          }
+          lk.unlock();  // the frames pump() reads go through the sink, which takes router->mu
+          plane->pump(std::chrono::milliseconds(10));
+          lk.lock();
+        }
         if (!ready()) {  // the actor's reduce waits for the rest
           c.shared = true;
           c.out = std::move(own);
@@ -1617,6 +1641,8 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
     auto dp = st0.init.node->data;
     st0.fused->group_size = st0.init.group_size;
     st0.fused->enabled = data_plane::fused_by_env();
+    st0.fused->plane = dp;
+    st0.fused->lend = data_plane::lend_by_env();
     auto router = st0.fused;
     dp->attach(caf::actor_cast<caf::actor>(self), [router](partial_sum& p) { return router->take(p, true); });
     self->attach_functor([dp, id = self->id()] { dp->detach(id); });
