@@ -1,6 +1,7 @@
 #include "actors/shard.hpp"
 
 #include "actors/data_plane.hpp"
+#include "actors/links.hpp"
 #include "actors/worker.hpp"
 #include "kernels/backend.hpp"
 #include "model/moe.hpp"
@@ -248,11 +249,13 @@ struct shard_state {
   // key (session, epoch, pos0, layer, phase) -> per rank.
   std::map<std::tuple<uint64_t, uint32_t, int32_t, int32_t, int32_t>, std::vector<blob>> partials;
   std::vector<activation> slowed;  // steps held back by a `slow` fault
-  uint32_t drop_left = 0;          // outgoing messages still to drop (fault `drop`)
-  uint32_t corrupt_left = 0;       // outgoing payloads still to corrupt (fault `corrupt`)
+  // Its links to other nodes: the node's shaper inside the link faults'
+  // wrapper (actors/links.hpp), armed by step_faults.
+  std::unique_ptr<faulty_links> links;
   caf::actor_clock::time_point partitioned_until{};  // fault `partition`
-  // Probe bursts being received, by (reply_to, from node): arrival times.
-  std::map<std::pair<caf::actor, int32_t>, std::vector<int64_t>> probes;
+  // Link probes run in their own actor (actors/links.hpp); the shard only
+  // hands them over.
+  caf::actor prober;
   int64_t compute_ns = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
@@ -370,8 +373,9 @@ bool send_data(shard_actor* self, const caf::actor& to, const partial_sum& m) {
   return false;
 }
 
-/// Sends a data message over this node's link to `node`: counted, subject to
-/// the link faults (drop, corrupt) and delivered after the shaper's delay.
+/// Sends a data message over this node's link to `node`: counted, then as
+/// the shard's link environment says (actors/links.hpp): dropped, corrupted,
+/// delivered after the delay of the shaper and of a `delay` fault.
 template <class T>
 void deliver(shard_actor* self, const caf::actor& to, int32_t node, T msg) {
   auto& st = self->state;
@@ -381,15 +385,10 @@ void deliver(shard_actor* self, const caf::actor& to, int32_t node, T msg) {
     self->send(to, std::move(msg));
     return;
   }
-  if (st.drop_left > 0) {
-    --st.drop_left;
-    return;
-  }
-  if (st.corrupt_left > 0) {
-    --st.corrupt_left;
-    corrupt_payload(*payload_of(msg));
-  }
-  const auto delay = st.init.node->shaper->schedule(node, bytes);
+  const auto verdict = st.links->send(node, bytes);
+  if (verdict.drop) return;
+  if (verdict.corrupt) corrupt_payload(*payload_of(msg));
+  const auto delay = verdict.delay;
   // When the last payload of this session reaches its receiver: a step
   // probe (step_query) reports it, so a message still crossing a slow link
   // is not taken for a lost one.
@@ -631,7 +630,7 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
   const auto& prog = st.program;
   if (!st.init.node) return false;
   const auto& dp = st.init.node->data;
-  if (!dp || !st.fused->enabled || st.hooks || st.drop_left > 0 || st.corrupt_left > 0 || !st.init.node->shaper ||
+  if (!dp || !st.fused->enabled || st.hooks || st.links->armed() || !st.init.node->shaper ||
       st.init.node->shaper->shaped())
     return false;
   std::vector<fused_op> ops;
@@ -1514,9 +1513,9 @@ bool step_faults(shard_actor* self, int32_t pos0, int32_t count, std::chrono::mi
                  fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
                               static_cast<int64_t>(f.step), now_ns, supervision::to_string(f)});
   if (fx.crash || fx.silence) return false;  // the hooks quit or silenced the actor
-  st.drop_left += fx.drop;
-  st.corrupt_left += fx.corrupt;
-  if (fx.delay_count > 0) st.init.node->shaper->add_delay(fx.delay, fx.delay_count);
+  if (fx.drop > 0) st.links->drop_next(fx.drop);
+  if (fx.corrupt > 0) st.links->corrupt_next(fx.corrupt);
+  if (fx.delay_count > 0) st.links->delay_next(fx.delay, fx.delay_count);
   if (fx.partition) {
     // Unreachable for a while: nothing in or out, heartbeats included.
     const auto d = fx.partition_for ? caf::timespan(*fx.partition_for) : caf::timespan(std::chrono::hours(24 * 365));
@@ -1637,6 +1636,10 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   self->attach_functor([node = st0.init.node, bytes = st0.init.weights->bytes()] {
     node->release(bytes);
   });
+  st0.links = std::make_unique<faulty_links>(
+      std::make_unique<shaped_links>(st0.init.node ? st0.init.node->shaper : std::make_shared<link_shaper>()));
+  st0.prober = spawn_link_prober(*self, st0.init.node ? st0.init.node->index : 0,
+                                 st0.init.node ? st0.init.node->shaper : std::make_shared<link_shaper>());
   if (st0.init.node && st0.init.node->data) {  // partial sums from other daemons' sockets
     auto dp = st0.init.node->data;
     st0.fused->group_size = st0.init.group_size;
@@ -1831,47 +1834,13 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
           else ++e;
         }
       },
-      // Measure the link to `dest` (on node `dest_node`): a tiny message, then
-      // n messages of `bytes` back to back, through this node's shaper.
+      // Link probes (cluster::measure_links): the prober sends and receives
+      // them (actors/links.hpp).
       [=](probe_atom, caf::actor dest, int32_t dest_node, int32_t n, int32_t bytes, caf::actor reply_to) {
-        auto& st = self->state;
-        // Seqs 0..tiny-1 are tiny (the smallest transit is the latency), the
-        // rest carry `bytes` each (their inter-arrival times give the bandwidth).
-        constexpr int32_t tiny = 5;
-        for (int32_t seq = 0; seq < n + tiny; ++seq) {
-          probe_msg m;
-          m.seq = seq;
-          m.n = n + tiny - 1;
-          m.from_node = st.init.node->index;
-          m.payload.data.resize(seq < tiny ? 4 : static_cast<size_t>(bytes) / sizeof(float));
-          m.reply_to = reply_to;
-          m.sent_ns = clock_type::now().time_since_epoch().count();
-          const auto delay = st.init.node->shaper->schedule(dest_node, payload_bytes(m.payload));
-          if (delay.count() > 0) self->delayed_send(dest, delay, std::move(m));
-          else self->send(dest, std::move(m));
-        }
+        self->send(self->state.prober, probe_atom::value, std::move(dest), dest_node, n, bytes,
+                   std::move(reply_to));
       },
-      [=](probe_msg& m) {
-        auto& st = self->state;
-        constexpr int32_t tiny = 5;
-        const int64_t now = clock_type::now().time_since_epoch().count();
-        // arr[0] = smallest transit of the tiny messages; then arrival times.
-        auto& arr = st.probes[{m.reply_to, m.from_node}];
-        if (m.seq == 0) arr.assign(1, now - m.sent_ns);
-        else if (m.seq < tiny && !arr.empty()) arr[0] = std::min(arr[0], now - m.sent_ns);
-        else if (m.seq >= tiny) arr.push_back(now);
-        if (m.seq < m.n) return;
-        probe_result r;
-        r.from = m.from_node;
-        r.to = st.init.node->index;
-        r.latency_us = arr.empty() ? 0 : arr[0] / 1000.0;
-        const uint64_t msg_bytes = payload_bytes(m.payload);
-        if (arr.size() >= 3 && arr.back() > arr[1])  // k - 1 gaps between k arrivals
-          r.bandwidth_bps = 8.0 * msg_bytes * (arr.size() - 2) / ((arr.back() - arr[1]) / 1e9);
-        r.bytes = msg_bytes * static_cast<uint64_t>(m.n - tiny + 1);
-        st.probes.erase({m.reply_to, m.from_node});
-        self->send(m.reply_to, r);
-      },
+      [=](probe_msg& m) { self->send(self->state.prober, std::move(m)); },
       // Expert node (issue #23): compute the asked (row, expert) pairs.
       [=](expert_req& r) {
         if (silent()) return;

@@ -1,0 +1,89 @@
+// A shard's link environment (actors/links.hpp): the fault wrapper drops,
+// corrupts and delays exactly as many payloads as it was armed for, passes
+// everything else to the environment it wraps untouched, and does not charge
+// the link for a dropped payload; shaped_links is the node's shaper.
+#include "actors/links.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <utility>
+#include <vector>
+
+using namespace cellshard;
+using namespace std::chrono;
+using actors::faulty_links;
+using actors::link_env;
+using actors::link_verdict;
+
+namespace {
+
+/// The wrapped environment: records every call, answers a fixed delay.
+struct recording_links final : link_env {
+  std::vector<std::pair<int32_t, uint64_t>>* calls;
+  explicit recording_links(std::vector<std::pair<int32_t, uint64_t>>* c) : calls(c) {}
+  link_verdict send(int32_t dest, uint64_t bytes) override {
+    calls->emplace_back(dest, bytes);
+    link_verdict v;
+    v.delay = microseconds(7);
+    return v;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the fault wrapper drops the armed count and never passes a dropped payload on", "[links]") {
+  std::vector<std::pair<int32_t, uint64_t>> calls;
+  faulty_links links(std::make_unique<recording_links>(&calls));
+  CHECK_FALSE(links.armed());
+  links.drop_next(1);
+  links.drop_next(1);  // accumulates: two payloads
+  CHECK(links.armed());
+  auto a = links.send(3, 100);
+  auto b = links.send(3, 200);
+  CHECK(a.drop);
+  CHECK(b.drop);
+  CHECK(calls.empty());  // the link never saw them
+  auto c = links.send(4, 300);
+  CHECK_FALSE(c.drop);
+  CHECK_FALSE(c.corrupt);
+  CHECK(c.delay == microseconds(7));
+  CHECK_FALSE(links.armed());
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0] == std::make_pair(int32_t{4}, uint64_t{300}));
+}
+
+TEST_CASE("the fault wrapper corrupts and delays the next payloads, then passes the target's verdict", "[links]") {
+  std::vector<std::pair<int32_t, uint64_t>> calls;
+  faulty_links links(std::make_unique<recording_links>(&calls));
+  links.corrupt_next(1);
+  links.delay_next(milliseconds(5), 3);
+  links.delay_next(milliseconds(2), 2);  // replaces the pending delay
+  auto a = links.send(1, 10);
+  CHECK(a.corrupt);
+  CHECK(a.delay == microseconds(2007));
+  auto b = links.send(1, 10);
+  CHECK_FALSE(b.corrupt);
+  CHECK(b.delay == microseconds(2007));
+  auto c = links.send(1, 10);
+  CHECK_FALSE(c.corrupt);
+  CHECK(c.delay == microseconds(7));
+  CHECK(calls.size() == 3);  // corrupted and delayed payloads still take the link
+}
+
+TEST_CASE("shaped links answer the node shaper's delay", "[links]") {
+  actors::link_shaper::clock_type::time_point t{};
+  topologies::link_spec spec;
+  spec.bandwidth_bps = 100000000;  // 100 Mbit/s: 125,000 bytes take 10 ms
+  auto shaper = std::make_shared<actors::link_shaper>(spec, [&t] { return t; });
+  actors::shaped_links links(shaper);
+  auto a = links.send(2, 125000);
+  auto b = links.send(2, 125000);
+  CHECK_FALSE(a.drop);
+  CHECK_FALSE(a.corrupt);
+  CHECK(a.delay == milliseconds(10));
+  CHECK(b.delay == milliseconds(20));  // the same link: queued behind the first
+  // The node's shaper is shared: another shard's link to node 2 queues behind these.
+  CHECK(shaper->schedule(2, 125000) == milliseconds(30));
+}
