@@ -512,19 +512,27 @@ bool compute_layers(const model::shard_weights& w, const kernels::backend* be, m
                     int chunk, int32_t pos0, std::vector<float>& x, std::vector<float>& outv,
                     const std::atomic<bool>& cancelled);
 
-/// Posts the compute op `op` (at ss.pc) to the worker; its result comes back
-/// as a `computed` message (on_computed).
-void post_compute(shard_actor* self, uint64_t session, session_state& ss, const topologies::shard_step& op) {
-  auto& st = self->state;
+/// Marks `ss` as computing the step at `pc` and starts its `computed` result
+/// (the session's step id and activations, moved out of `ss`): what every job
+/// posted to the worker begins with (post_compute, post_fused).
+computed start_job(uint64_t session, session_state& ss, size_t pc) {
   ss.computing = true;
   ss.posted = true;
   computed c;
   c.session = session;
   c.epoch = ss.id.epoch;
   c.pos0 = ss.id.pos0;
-  c.pc = ss.pc;
-  c.partial = op.partial;
+  c.pc = pc;
   c.x = std::move(ss.x);
+  return c;
+}
+
+/// Posts the compute op `op` (at ss.pc) to the worker; its result comes back
+/// as a `computed` message (on_computed).
+void post_compute(shard_actor* self, uint64_t session, session_state& ss, const topologies::shard_step& op) {
+  auto& st = self->state;
+  computed c = start_job(session, ss, ss.pc);
+  c.partial = op.partial;
   const int count = ss.id.count;
   const int chunk = std::max(1, st.init.batch_size);
   const int l0 = op.layers.begin, l1 = op.layers.end;
@@ -684,16 +692,9 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
     std::lock_guard<std::mutex> g(router->mu);
     router->by_session[session] = inbox;
   }
-  ss.computing = true;
-  ss.posted = true;
-  computed c;
-  c.session = session;
-  c.epoch = ss.id.epoch;
-  c.pos0 = ss.id.pos0;
-  c.pc = pc0;
+  computed c = start_job(session, ss, pc0);
   c.fused = true;
   c.inbox = inbox;
-  c.x = std::move(ss.x);
   const int count = ss.id.count;
   const int chunk = std::max(1, st.init.batch_size);
   const step_id id = ss.id;
