@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
+
 using namespace cellshard;
 
 namespace {
@@ -251,4 +253,28 @@ TEST_CASE("every fault kind on an expert node (and lost or corrupt dispatches): 
       CHECK(j["faults"].size() >= 1);
       for (const auto& r : j["faults"]) CHECK(r["replayed_positions"] == 0);
     }
+}
+
+TEST_CASE("chaos on expert:2: faults drawn on the expert nodes too, 0 diverged, 0 hung", "[cli][moe][expert][chaos]") {
+  const auto model = test::shared_file("models/gguf/moe-small-f32.gguf");
+  if (model.empty()) return;
+  const std::string json = test::temp_dir("cli-expert-chaos") + "/chaos.json";
+  // Placement indices: 0 the stage shard, 1 and 2 its expert nodes, 3 a spare.
+  auto r = test::run_command({test::cellshard_bin(), "chaos", "-m", model, "-n", "48", "--runs", "8", "--seed",
+                              "4", "--topology", "expert:2", "--nodes", "3", "--spares", "1", "--json", json},
+                             240);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  const auto j = nlohmann::json::parse(test::read_file(json));
+  CHECK(j["runs"] == 8);
+  CHECK(j["diverged_runs"] == 0);
+  CHECK(j["hung_runs"] == 0);
+  CHECK(j["failed_runs"] == 0);
+  REQUIRE(j["details"].size() == 8);
+  // The draws cover every placement index, so expert nodes get faults too.
+  std::set<int> faulted;
+  for (const auto& d : j["details"])
+    for (const auto& f : d["faults"]) faulted.insert(f["node"].get<int>());
+  CHECK(faulted.count(1) + faulted.count(2) >= 1);
+  CHECK(faulted.count(0) == 1);
 }
