@@ -278,3 +278,37 @@ TEST_CASE("chaos on expert:2: faults drawn on the expert nodes too, 0 diverged, 
   CHECK(faulted.count(1) + faulted.count(2) >= 1);
   CHECK(faulted.count(0) == 1);
 }
+
+TEST_CASE("run --json on expert:2: per-expert load, pairs per node, dispatch share", "[cli][moe][expert]") {
+  const auto model = test::shared_file("models/gguf/moe-small-f32.gguf");
+  if (model.empty()) return;
+  const std::string dir = test::temp_dir("cli-expert-metrics");
+  const std::string out = dir + "/m.ids", json = dir + "/m.json";
+  auto a = base_run(model, 20, out);
+  for (const char* x : {"--topology", "expert:2", "--nodes", "3", "--json"}) a.push_back(x);
+  a.push_back(json);
+  auto r = test::run_command(a);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(test::read_file(json));
+  REQUIRE(j.contains("experts"));
+  const auto& e = j["experts"];
+  // moe-small-f32.gguf: 4 layers, 8 experts, 2 used (../shared/models/README.md); 20 positions, so
+  // 20 x 4 x 2 = 160 (position, layer, expert) pairs, each computed on exactly one expert node.
+  REQUIRE(e["load"].size() == 1);  // one stage
+  REQUIRE(e["load"][0].size() == 8);
+  int load = 0;
+  for (const auto& v : e["load"][0]) load += v.get<int>();
+  CHECK(load == 160);
+  int pairs = 0;
+  for (const auto& kv : e["pairs_by_node"].items()) {
+    CHECK((kv.key() == "1" || kv.key() == "2"));  // the expert nodes, never the stage shard
+    pairs += kv.value().get<int>();
+  }
+  CHECK(pairs == 160);
+  CHECK(e["redispatched"] == 0);
+  CHECK(e["dispatch_combine_share"].get<double>() > 0);
+  CHECK(e["dispatch_combine_share"].get<double>() <= 1);
+  REQUIRE(j["nodes"].size() == 3);
+  for (int n = 1; n <= 2; ++n) CHECK(j["nodes"][n]["bytes_received"].get<double>() > 0);
+}
