@@ -92,6 +92,21 @@ struct server::impl {
     res.set_content(dump_json(error_body(e)), "application/json");
   }
 
+  /// The model object of GET /v1/models and GET /v1/models/{id}.
+  json model_object() const {
+    return {{"id", opts.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "cellshard"}};
+  }
+  /// A request may name the model it wants: "" (or no `model`) means the
+  /// loaded one, its id means it too, any other name is OpenAI's 404
+  /// model_not_found (docs/serve.md, "The model name"). The same rule for
+  /// both completion routes and GET /v1/models/{id}.
+  bool serves(const std::string& name) const { return name.empty() || name == opts.model_id; }
+  api_error model_not_found(const std::string& name) const {
+    return {404, "the model '" + name + "' does not exist; this server runs '" + opts.model_id +
+                     "' (GET /v1/models; leave model out to use it)",
+            "invalid_request_error", "model", "model_not_found"};
+  }
+
   json health();
   std::string metrics();
   json cluster_view();
@@ -302,9 +317,7 @@ void server::impl::completion(const httplib::Request& req, httplib::Response& re
   auto parsed = parse_request(req.body, chat);
   if (!parsed.request) return fail(parsed.error);
   const completion_request r = *parsed.request;
-  if (!r.model.empty() && r.model != opts.model_id)
-    return fail({404, "the model '" + r.model + "' does not exist; this server runs '" + opts.model_id + "'",
-                 "invalid_request_error", "model", "model_not_found"});
+  if (!serves(r.model)) return fail(model_not_found(r.model));
   const std::string failure = cluster.failure();
   if (!failure.empty())
     return fail({503, "no capacity left: " + failure, "server_error", "", "cluster_failed"});
@@ -654,9 +667,20 @@ result<std::string> server::bind() {
     self->completion(req, res, true);
   });
   http.Get("/v1/models", [self](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", self->opts.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "cellshard"}};
-    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({self->model_object()})}}),
+                    "application/json");
     self->count("/v1/models", 200);
+  });
+  // OpenAI's models.retrieve: the loaded model by its id, else 404 model_not_found.
+  http.Get(R"(/v1/models/([^/]+))", [self](const httplib::Request& req, httplib::Response& res) {
+    const std::string name = req.matches[1];
+    if (!self->serves(name)) {
+      self->send_error(res, self->model_not_found(name));
+    } else {
+      res.status = 200;
+      res.set_content(dump_json(self->model_object()), "application/json");
+    }
+    self->count("/v1/models/{id}", res.status);
   });
   http.Get("/health", [self](const httplib::Request&, httplib::Response& res) {
     const json h = self->health();

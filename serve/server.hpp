@@ -7,6 +7,8 @@
 //        ("id: <token index>" and a chunk), then a chunk with finish_reason,
 //        then "data: [DONE]"
 //   GET  /v1/models          the loaded model (id = model file name without extension)
+//   GET  /v1/models/{id}     that model; another id is 404 model_not_found, as a
+//                            completion naming another model is
 //   GET  /health             {"status": "ready"|"degraded"|"failed", "nodes_down": [...]} (503 when failed)
 //   GET  /metrics            Prometheus text, names prefixed cellshard_
 //   GET  /v1/cluster         the live view the page polls (nodes, placement, faults, tokens/s)

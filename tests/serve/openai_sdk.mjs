@@ -1,7 +1,8 @@
 // The official OpenAI Node.js SDK (openai@4.95.0) against `cellshard serve`:
 // a chat completion, a streamed completion equal to the same request not
-// streamed (same seed), models.list, the API key, and a 404 surfaced as the
-// SDK's NotFoundError. Usage: node openai_sdk.mjs CELLSHARD MODELS_DIR TMP_DIR
+// streamed (same seed), models.list and models.retrieve, the API key, and a
+// model other than the served one surfaced as the SDK's NotFoundError.
+// Usage: node openai_sdk.mjs CELLSHARD MODELS_DIR TMP_DIR
 import OpenAI from "openai";
 import { spawn } from "node:child_process";
 import assert from "node:assert/strict";
@@ -30,6 +31,8 @@ try {
 
   const list = await client.models.list();
   assert.deepEqual(list.data.map((m) => m.id), ["stories260K"]);
+  assert.equal((await client.models.retrieve("stories260K")).id, "stories260K");
+  await assert.rejects(client.models.retrieve("gpt-4"), (e) => e instanceof OpenAI.NotFoundError && e.code === "model_not_found");
 
   const chat = await client.chat.completions.create({
     model: "stories260K", messages: [{ role: "user", content: "Tell me a story." }],
@@ -64,7 +67,7 @@ try {
   await assert.rejects(client.completions.create({ ...params, model: "gpt-4" }), (e) => e instanceof OpenAI.NotFoundError);
   const wrongKey = new OpenAI({ baseURL: `http://127.0.0.1:${srv.port}/v1`, apiKey: "wrong", maxRetries: 0 });
   await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
-  console.log("ok: openai SDK chat, streamed completion, models, 404, 401");
+  console.log("ok: openai SDK chat, streamed completion, models list and retrieve, 404, 401");
 } finally {
   srv.proc.kill("SIGKILL");
 }

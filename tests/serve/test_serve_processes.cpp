@@ -179,10 +179,21 @@ TEST_CASE("serve: a completion at temperature 0 equals run -t 0 (curl, not strea
   CHECK(j3["usage"]["completion_tokens"] == 7);
   CHECK(j3["choices"][0]["finish_reason"] == "length");
   CHECK(text.rfind(j3["choices"][0]["text"].get<std::string>(), 0) == 0);
-  // GET /v1/models names the loaded model.
+  // GET /v1/models names the loaded model, GET /v1/models/ID gives it, and a
+  // request naming it is the same as one without a model.
   auto models_out = test::run_command({curl_bin(), "-sS", url(srv.port(), "/v1/models")});
   const auto ml = json::parse(models_out.out);
   CHECK(ml["data"][0]["id"] == "stories260K");
+  auto [one, one_status] = body_status(
+      test::run_command({curl_bin(), "-sS", url(srv.port(), "/v1/models/stories260K"), "-w", "\nHTTP %{http_code}"}).out);
+  CHECK(one_status == 200);
+  CHECK(json::parse(one) == ml["data"][0]);
+  auto [named, named_status] = body_status(
+      curl_post(srv.port(), "/v1/completions",
+                json{{"model", "stories260K"}, {"prompt", prompt}, {"max_tokens", 7}, {"temperature", 0}}.dump())
+          .out);
+  CHECK(named_status == 200);
+  CHECK(json::parse(named)["choices"][0]["text"] == j3["choices"][0]["text"]);
   CHECK(srv.terminate() == 0);
 }
 
@@ -405,6 +416,9 @@ TEST_CASE("serve bad request: n other than 1 is 400", "[serve][processes]") {
 TEST_CASE("serve bad request: an unknown model is 404", "[serve][processes]") {
   check_bad_request("model", {{}, "POST", "/v1/completions", R"({"prompt":"Hi","model":"gpt-4"})", 404,
                               "model_not_found", "model"});
+}
+TEST_CASE("serve bad request: retrieving an unknown model is 404", "[serve][processes]") {
+  check_bad_request("model-get", {{}, "GET", "/v1/models/gpt-4", "", 404, "model_not_found", "model"});
 }
 TEST_CASE("serve bad request: an unknown route is 404", "[serve][processes]") {
   check_bad_request("route", {{}, "GET", "/v1/engines", "", 404, "unknown_url", ""});
