@@ -28,7 +28,7 @@ textarea { width: 100%; box-sizing: border-box; font: inherit; }
 table { border-collapse: collapse; width: 100%; font-size: 13px; }
 th, td { border-bottom: 1px solid #eee; padding: 3px 6px; text-align: left; }
 .up { color: #1a7f37; } .down { color: #b42318; font-weight: bold; } .recovering { color: #b54708; }
-.badge { padding: 2px 8px; border-radius: 10px; font-size: 12px; }
+.badge { padding: 2px 8px; border-radius: 10px; font-size: 12px; color: #222; }
 .ready { background: #d1fadf; } .degraded { background: #fef0c7; } .failed { background: #fee4e2; }
 button { font: inherit; }
 #faults li { font-size: 13px; }
@@ -167,7 +167,8 @@ function render(v) {
     const li = document.createElement("li");
     li.textContent = f.kind + " of shard " + f.index + " on node " + f.node + " at position " + f.step +
       ": detected in " + (f.detect_ms >= 0 ? f.detect_ms.toFixed(1) + " ms" : "?") +
-      (f.recovered ? ", recovered in " + f.recover_ms.toFixed(1) + " ms on node " + f.moved_to_node : ", recovering");
+      (f.recovered ? ", recovered in " + f.recover_ms.toFixed(1) + " ms on node " + f.moved_to_node
+                   : f.restarted ? ", recovering" : ", no restart needed so far");
     fl.appendChild(li);
   }
 }

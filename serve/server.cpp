@@ -120,7 +120,9 @@ json server::impl::health() {
   std::set<int> recovering;
   for (const auto& f : cluster.faults()) {
     if (f.node < 0) continue;
-    if (f.recovered_ns == 0) recovering.insert(f.node);
+    // A restart decided and not yet done. A fault that needs none (slow,
+    // delay, a silence shorter than the deadline) leaves its node up.
+    if (f.decided_ns != 0 && f.recovered_ns == 0) recovering.insert(f.node);
     if (f.moved_to_node >= 0 && f.moved_to_node != f.node) down.insert(f.node);
   }
   const auto now = cluster.current_nodes();
@@ -197,7 +199,8 @@ json server::impl::cluster_view() {
   for (const auto& f : faults)
     fl.push_back({{"kind", f.kind}, {"index", f.index}, {"node", f.node}, {"step", f.step},
                   {"detect_ms", f.detect_ms}, {"recover_ms", f.recover_ms}, {"moved_to_node", f.moved_to_node},
-                  {"replayed_positions", f.replayed_positions}, {"recovered", f.recovered_ns != 0}});
+                  {"replayed_positions", f.replayed_positions}, {"restarted", f.decided_ns != 0},
+                  {"recovered", f.recovered_ns != 0}});
   j["faults"] = fl;
   return j;
 }

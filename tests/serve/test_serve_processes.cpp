@@ -365,6 +365,125 @@ TEST_CASE("serve --cluster: cancellation frees every daemon's KV cache, and a SI
   CHECK(srv.terminate() == 0);
 }
 
+// `--fault` on serve means what it means on run, counting the positions of
+// the first session that reaches them: here the first stream meets a crash,
+// a node slowed for every step after position 10 and a node frozen for ever,
+// in process. Its text and token indices equal those of the next stream with
+// the same seed (which meets no fault: they have fired) and those of a server
+// started without faults; /metrics and the page's view show the recoveries.
+TEST_CASE("serve --fault: a crash, a freeze and a slow node during a stream leave its text unchanged",
+          "[serve][processes]") {
+  if (!test::have_shared()) return;
+  const auto m = copy_models("serve-fault-flags");
+  const std::string dir = test::temp_dir("serve-fault-flags");
+  const json req = {{"prompt", "Once upon a time"}, {"max_tokens", 80}, {"temperature", 0.8}, {"seed", 11},
+                    {"stream", true}};
+  std::string clean_text;
+  int clean_tokens = 0;
+  {
+    test::child clean(serve_args(m, {"--nodes", "3"}), dir + "/clean.err");
+    auto r = stream(clean.port(), req);
+    REQUIRE(r.completed);
+    check_events(r.events, &clean_tokens);
+    clean_text = test::stream_text(r.events);
+    CHECK(clean.terminate() == 0);
+  }
+  REQUIRE(clean_tokens == 80);
+  test::child srv(serve_args(m, {"--nodes", "3", "--spares", "2", "--fault", "slow:node=0:step=10:ms=2", "--fault",
+                                 "crash:node=1:step=20", "--fault", "silence:node=2:step=40"}),
+                  dir + "/serve.err");
+  INFO(srv.log());
+  auto faulted = stream(srv.port(), req);
+  REQUIRE(faulted.completed);
+  int tokens = 0;
+  check_events(faulted.events, &tokens);  // consecutive indices: no token repeated or lost
+  CHECK(tokens == clean_tokens);
+  CHECK(test::stream_text(faulted.events) == clean_text);
+  // The faults fired during the first session: the crash (restarted in place:
+  // the node is alive in process) and the freeze (moved to a spare) are
+  // recovered now; the slow node needed no restart.
+  auto mt = test::parse_metrics(metrics_of(srv.port()));
+  CHECK(mt["cellshard_recoveries_total"] == 2);
+  CHECK(mt["cellshard_faults_total{kind=\"slow\"}"] == 1);
+  CHECK(mt["cellshard_faults_total{kind=\"crash\"}"] == 1);
+  CHECK(mt["cellshard_faults_total{kind=\"silence\"}"] == 1);
+  CHECK(mt["cellshard_fault_detect_seconds_count"] == 2);
+  CHECK(mt["cellshard_fault_recover_seconds_count"] == 2);
+  httplib::Client cli("127.0.0.1", srv.port());
+  auto view = cli.Get("/v1/cluster");
+  REQUIRE(view);
+  const auto faults = json::parse(view->body)["faults"];
+  INFO(faults.dump());
+  REQUIRE(faults.size() == 3);
+  const json want[] = {{{"kind", "slow"}, {"node", 0}, {"step", 10}, {"restarted", false}, {"recovered", false}},
+                       {{"kind", "crash"}, {"node", 1}, {"step", 20}, {"restarted", true}, {"recovered", true},
+                        {"moved_to_node", 1}},
+                       {{"kind", "silence"}, {"node", 2}, {"step", 40}, {"restarted", true}, {"recovered", true},
+                        {"moved_to_node", 3}}};
+  for (size_t i = 0; i < 3; ++i) {
+    for (const auto& kv : want[i].items()) CHECK(faults[i][kv.key()] == kv.value());
+    if (want[i]["recovered"] == true) {
+      CHECK(faults[i]["detect_ms"].get<double>() >= 0);
+      CHECK(faults[i]["recover_ms"].get<double>() >= 0);
+    }
+  }
+  // The frozen node lost its shard; the slowed one still holds its shard and is up.
+  auto h = cli.Get("/health");
+  REQUIRE(h);
+  CHECK(json::parse(h->body)["status"] == "degraded");
+  CHECK(json::parse(h->body)["nodes_down"] == json::array({2}));
+  // The next session meets no fault and streams the same text.
+  auto again = stream(srv.port(), req);
+  REQUIRE(again.completed);
+  CHECK(test::stream_text(again.events) == clean_text);
+  CHECK(test::parse_metrics(metrics_of(srv.port()))["cellshard_recoveries_total"] == 2);
+  CHECK(srv.terminate() == 0);
+}
+
+// HTTPS with --tls-cert/--tls-key (certificates from `cellshard certs`),
+// checked by curl against the CA, with --api-key; plain HTTP to it fails.
+TEST_CASE("serve --tls-cert/--tls-key: HTTPS for curl, streamed and not, with an API key", "[serve][processes]") {
+  if (!test::have_shared()) return;
+  const auto m = copy_models("serve-https");
+  const std::string dir = test::temp_dir("serve-https");
+  auto certs = test::run_command({test::cellshard_bin(), "certs", dir + "/pki", "--force"}, 60);
+  INFO(certs.err);
+  REQUIRE(certs.status == 0);
+  test::child srv(serve_args(m, {"--tls-cert", dir + "/pki/node.pem", "--tls-key", dir + "/pki/node.key", "--api-key",
+                                 "sesame"}),
+                  dir + "/serve.err");
+  INFO(srv.log());
+  const std::string base = "https://127.0.0.1:" + std::to_string(srv.port());
+  auto post = [&](const json& body, bool stream) {
+    std::vector<std::string> a = {curl_bin(), "-sS", "--cacert", dir + "/pki/ca.pem", "-X", "POST",
+                                  base + "/v1/completions", "-H", "Content-Type: application/json", "-H",
+                                  "Authorization: Bearer sesame", "--data-binary", body.dump(), "-w",
+                                  "\nHTTP %{http_code}"};
+    if (stream) a.insert(a.begin() + 1, "-N");
+    return body_status(test::run_command(a, 120).out);
+  };
+  const json req = {{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0.8}, {"seed", 3}};
+  auto [plain, st] = post(req, false);
+  INFO(plain);
+  REQUIRE(st == 200);
+  const auto pj = json::parse(plain);
+  CHECK(pj["usage"]["completion_tokens"] == 20);
+  json sreq = req;
+  sreq["stream"] = true;
+  auto [sbody, sst] = post(sreq, true);
+  REQUIRE(sst == 200);
+  const auto events = test::parse_sse(sbody);
+  int tokens = 0;
+  check_events(events, &tokens);
+  CHECK(tokens == 20);
+  CHECK(test::stream_text(events) == pj["choices"][0]["text"].get<std::string>());
+  // Plain HTTP on the HTTPS port gets no answer.
+  auto insecure = test::run_command({curl_bin(), "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                                     "http://127.0.0.1:" + std::to_string(srv.port()) + "/health"});
+  CHECK(insecure.out == "000");
+  CHECK(srv.terminate() == 0);
+}
+
 // ---- The bad-request table: each row is a test; after each, a good request still works.
 
 namespace {
