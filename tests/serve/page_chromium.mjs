@@ -66,19 +66,30 @@ try {
   const page = await browser.newPage();
   await page.goto(`http://127.0.0.1:${plain.port}/`);
   await page.waitForFunction(() => document.querySelectorAll("#nodes tr").length >= 3, null, { timeout: 20000 });
-  // Streamed: the text grows over several reads before it is done.
+  // Streamed: every text the answer box showed on its way to the final one,
+  // recorded by a MutationObserver (each token event appends to the box): the
+  // answer must appear token by token, each a longer prefix of the final text,
+  // not in one piece at the end.
+  await page.evaluate(() => {
+    window.shown = [];
+    new MutationObserver((records) => {
+      for (const r of records) for (const n of r.addedNodes) window.shown.push(n.textContent);
+    }).observe(document.getElementById("output"), { childList: true, characterData: true, subtree: true });
+  });
   await page.fill("#prompt", "Once upon a time");
   await page.fill("#max_tokens", "200");
   await page.click("#send");
-  const lengths = new Set();
-  for (let i = 0; i < 200 && !(await page.evaluate(() => document.getElementById("output").dataset.done)); i++) {
-    lengths.add((await page.textContent("#output")).length);
-    await page.waitForTimeout(5);
-  }
   await finished(page);
   const first = await page.textContent("#output");
   assert.ok(first.length > 20, "no streamed text: " + JSON.stringify(first));
-  console.log("streamed", first.length, "characters, seen at", lengths.size, "lengths while streaming");
+  const shown = (await page.evaluate(() => window.shown)).filter((t) => t.length > 0);
+  assert.ok(shown.length >= 20, "the answer appeared in " + shown.length + " pieces, not token by token");
+  for (let i = 0; i < shown.length; i++) {
+    assert.ok(first.startsWith(shown[i]), "a shown text is not a prefix of the answer: " + JSON.stringify(shown[i]));
+    if (i > 0) assert.ok(shown[i].length > shown[i - 1].length, "the shown text did not grow at step " + i);
+  }
+  assert.equal(shown[shown.length - 1], first);
+  console.log("streamed", first.length, "characters, shown in", shown.length, "growing pieces");
   assert.equal(await page.locator("button.fault-crash").count(), 0, "a fault button without --allow-fault-injection");
   const shot = join(outDir, "serve-page.png");
   await page.screenshot({ path: shot, fullPage: true });
