@@ -28,6 +28,7 @@
 #include "supervision/fault_plan.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "tools/sampling_flags.hpp"
 #include "actors/local_daemons.hpp"
 #include "base/percentile.hpp"
 
@@ -350,6 +351,15 @@ void add_chaos(CLI::App& app, int& status) {
   cmd->add_option("--tls-ca", o->tls_ca, "the CA that signs every node's certificate (PEM)")->group(g);
   cluster->excludes(processes);
   cmd->callback([o, cmd, &status] {
+    check_sampling_flags(o->temperature, o->topp);
+    if (o->runs < 1) throw cli_error("--runs: got " + std::to_string(o->runs) + ", expected at least 1", 2);
+    if (o->faults_per_run < 0)
+      throw cli_error("--faults-per-run: got " + std::to_string(o->faults_per_run) + ", expected 0 or more", 2);
+    if (o->nodes < 1) throw cli_error("--nodes: got " + std::to_string(o->nodes) + ", expected at least 1", 2);
+    if (o->spares < 0)
+      throw cli_error("--spares: got " + std::to_string(o->spares) + ", expected 0 or more spare nodes", 2);
+    if (o->deadline_s < 1)
+      throw cli_error("--deadline: got " + std::to_string(o->deadline_s) + " s, expected at least 1", 2);
     if (!o->cluster.empty() && cmd->count("--nodes") + cmd->count("--spares") > 0)
       throw cli_error("--cluster: the nodes are the file's; drop --nodes/--spares", 2);
     if (o->processes > 0 && cmd->count("--nodes") > 0)

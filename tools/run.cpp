@@ -18,6 +18,7 @@
 #include "tools/cluster_flags.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
+#include "tools/sampling_flags.hpp"
 #include "base/percentile.hpp"
 #include "base/parse.hpp"
 
@@ -215,19 +216,7 @@ uint64_t parse_digest_flag(const std::string& text, const std::string& flag) {
 /// Usage checks of the flags alone, before anything is loaded: each names the
 /// flag, the value given and what was expected, and exits 2.
 void check_run_flags(const run_opts& o) {
-  auto fmt = [](double v) {
-    std::ostringstream os;
-    os << v;
-    return os.str();
-  };
-  // Finite values outside the ranges keep run.c's meaning (a negative
-  // temperature is greedy; top-p outside [0, 1] becomes 0.9), but NaN and
-  // infinity have none: NaN compares false everywhere and would sample garbage.
-  if (!std::isfinite(o.temperature))
-    throw cli_error("-t/--temperature: got " + fmt(o.temperature) +
-                    ", expected a finite number (0 = greedy, 1 = the model's distribution)", 2);
-  if (!std::isfinite(o.topp))
-    throw cli_error("-p/--topp: got " + fmt(o.topp) + ", expected a finite number in [0, 1] (0.9 is usual)", 2);
+  check_sampling_flags(o.temperature, o.topp);
   // Each request holds a KV cache per shard (1000 requests on stories260K: 212 MB).
   if (o.batch < 1 || o.batch > 4096)
     throw cli_error("--batch: got " + std::to_string(o.batch) + ", expected 1..4096 concurrent requests", 2);

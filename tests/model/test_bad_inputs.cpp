@@ -46,6 +46,14 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
   }
   const std::string copy = dir + "/copy.bin";
   std::ofstream(copy, std::ios::binary) << test::read_file(m);
+  // The issue's "flipped weight bytes": one bit of a weight in the middle of
+  // the file, the header intact, so only the digest can tell.
+  const std::string flipped = dir + "/flipped.bin";
+  {
+    std::string b = test::read_file(m);
+    b[b.size() / 2] = static_cast<char>(b[b.size() / 2] ^ 0x01);
+    std::ofstream(flipped, std::ios::binary) << b;
+  }
   // An empty download named .gguf, and a truncated one (16 bytes of text).
   std::ofstream(dir + "/empty.gguf", std::ios::binary).flush();
   std::ofstream(dir + "/text.GGUF", std::ios::binary) << "<html>not found\n";
@@ -75,6 +83,21 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
       {"--expect-digest of another file", {"run", "-m", "{M}", "-z", "{Z}", "-n", "4", "--expect-digest",
                                            "0x0000000000000001"}, 1,
        {"stories260K.bin: digest 0xa63dd90f31c958a4, expected 0x0000000000000001", "corrupt or another version"}},
+      {"a flipped weight bit under --expect-digest of the original",
+       {"run", "-m", "{D}/flipped.bin", "-z", "{Z}", "-n", "4", "--expect-digest", "0xa63dd90f31c958a4"}, 1,
+       {"flipped.bin: digest 0x", "expected 0xa63dd90f31c958a4", "corrupt or another version"}},
+      // chaos takes the same sampling and node flags as run, and refuses the same values.
+      {"chaos -t nan", {"chaos", "-m", "{M}", "-z", "{Z}", "-t", "nan"}, 2,
+       {"-t/--temperature: got nan", "expected a finite number"}},
+      {"chaos -p inf", {"chaos", "-m", "{M}", "-z", "{Z}", "-p", "inf"}, 2,
+       {"-p/--topp: got inf", "expected a finite number"}},
+      {"chaos --spares -1", {"chaos", "-m", "{M}", "-z", "{Z}", "--spares", "-1"}, 2,
+       {"--spares: got -1", "expected 0 or more"}},
+      {"chaos --nodes 0", {"chaos", "-m", "{M}", "-z", "{Z}", "--nodes", "0"}, 2,
+       {"--nodes: got 0", "expected at least 1"}},
+      {"chaos --runs 0", {"chaos", "-m", "{M}", "-z", "{Z}", "--runs", "0"}, 2, {"--runs: got 0", "expected at least 1"}},
+      {"chaos --faults-per-run -1", {"chaos", "-m", "{M}", "-z", "{Z}", "--faults-per-run", "-1"}, 2,
+       {"--faults-per-run: got -1", "expected 0 or more"}},
       {"quantize X X", {"quantize", "{D}/copy.bin", "{D}/copy.bin"}, 2,
        {"is the input file", "expected another path"}},
       {"quantize X ./X", {"quantize", "{D}/copy.bin", "{D}/./copy.bin"}, 2, {"is the input file"}},
