@@ -144,9 +144,13 @@ TEST_CASE("bench recovery --processes: rows, goals and the timeline", "[tools][p
   CHECK(processes_with(models) == 0);
   CHECK_THAT(r.out, Catch::Contains("goal (issue #7): a killed daemon detected in under 50 ms"));
   CHECK_THAT(r.out, Catch::Contains("goal (issue #7): a frozen daemon detected in under 1 s"));
+  // Issue #20: SIGSTOP detection and the restarts of a fault-free run under
+  // busy loops on every core, on one line.
+  CHECK_THAT(r.out, Catch::Contains("goal (issue #20), side by side: SIGSTOP detected in") &&
+                        Catch::Contains("| restarts under busy loops on every core: "));
   const auto rows = nlohmann::json::parse(test::read_file(dir + "/rows.json"));
   CHECK(rows == nlohmann::json::parse(test::read_file(out + "/recovery_processes.json")));
-  int detect = 0, recover = 0, replayed = 0, worst = 0;
+  int detect = 0, recover = 0, replayed = 0, worst = 0, busy = 0, busy_worst = 0;
   for (const auto& row : rows) {
     for (const char* k : {"name", "params", "value", "unit"}) CHECK(row.contains(k));
     const std::string name = row.at("name");
@@ -165,11 +169,19 @@ TEST_CASE("bench recovery --processes: rows, goals and the timeline", "[tools][p
       CHECK(row.at("value").get<double>() <= 24);
     }
     if (name == "recovery.proc.detect.worst") ++worst;
+    if (name == "recovery.proc.false_restarts") {
+      ++busy;
+      CHECK(row.at("params").at("fault") == "busy-loops");
+      CHECK(row.at("value").get<double>() >= 0);
+    }
+    if (name == "recovery.proc.false_restarts.worst") ++busy_worst;
   }
   CHECK(detect == 2);  // one kill, one stop
   CHECK(recover == 2);
   CHECK(replayed == 2);
   CHECK(worst == 2);
+  CHECK(busy == 1);  // --repeat 1: one fault-free run under busy loops
+  CHECK(busy_worst == 1);
   // The timeline: CSVs with a row per delivered token, and the PNG.
   const std::string csv = test::read_file(out + "/recovery_timeline.csv");
   CHECK(csv.rfind("run,fault,token,t_ms\n", 0) == 0);
