@@ -20,7 +20,7 @@ dir=build-asan
 tests=(test_kernels test_kernels_fixtures test_model test_journal_format test_gguf_model test_moe
        test_topologies test_planner test_planner_sim test_planner_calibrate test_base supervision_tests)
 fuzzers=(fuzz_llama2c_loader fuzz_q8_reader fuzz_gguf fuzz_tokenizer fuzz_journal fuzz_faults
-         fuzz_checkpoint_archive fuzz_cli_values)
+         fuzz_checkpoint_archive fuzz_cli_values fuzz_blob fuzz_cluster_file)
 build_targets=("${tests[@]}" "${fuzzers[@]}")
 if [ "${SANITIZE_FULL:-0}" = 1 ]; then
   tests+=(test_actors_unit test_resilience test_actors_gguf test_actors)
