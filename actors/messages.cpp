@@ -27,7 +27,7 @@ std::vector<char> encode_impl(const blob& b, bool swap) {
   if (b.q8) {
     q8_pack(data.data(), n, out.data() + 13, swap);
   } else {
-    std::memcpy(out.data() + 13, data.data(), static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(out.data() + 13, data.data(), static_cast<size_t>(n) * 4);  // data() may be null
     if (swap) {
       for (uint32_t i = 0; i < n; ++i) {
         uint32_t v;
@@ -106,7 +106,8 @@ blob blob::decode(const std::vector<char>& bytes) {
     q8_unpack(bytes.data() + 13, n, b.data.data(), swap);
     return b;
   }
-  std::memcpy(b.data.data(), bytes.data() + 13, static_cast<size_t>(n) * 4);
+  // An empty blob has no storage: data() may be null, which memcpy must not get.
+  if (n > 0) std::memcpy(b.data.data(), bytes.data() + 13, static_cast<size_t>(n) * 4);
   if (swap) {
     for (auto& f : b.data) {
       uint32_t v;

@@ -55,6 +55,19 @@ TEST_CASE("a blob from a host of the other byte order is converted", "[actors][b
   CHECK(y.data == x.data);
 }
 
+// fuzz/regressions/blob/empty-from-big-endian: a valid empty blob from a
+// big-endian sender made decode() hand memcpy the null data() of an empty
+// vector (UBSan: null pointer passed as argument 1); encode() did the same.
+TEST_CASE("an empty blob encodes and decodes, in either byte order", "[actors][blob]") {
+  const actors::blob empty;
+  for (const auto& bytes : {empty.encode(), empty.encode_swapped()}) {
+    REQUIRE(bytes.size() == 13u);
+    const auto y = actors::blob::decode(bytes);
+    CHECK(y.ok());
+    CHECK(y.data.empty());
+  }
+}
+
 TEST_CASE("a corrupted blob fails its checksum", "[actors][blob]") {
   actors::blob x;
   x.data = sample_floats(64);
