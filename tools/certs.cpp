@@ -15,7 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -26,7 +30,7 @@ namespace cellshard::tools {
 namespace {
 
 struct certs_opts {
-  std::string dir;
+  std::string dir, json_out;
   std::vector<std::string> ips, dns;
   int days = 365;
   bool force = false;
@@ -86,7 +90,9 @@ int do_certs(const certs_opts& o) {
   }
   std::remove(ext.c_str());
   std::remove((o.dir + "/ca.srl").c_str());
-  for (const char* k : {"/ca.key", "/node.key", "/client.key"}) ::chmod((o.dir + k).c_str(), 0600);
+  for (const char* k : {"/ca.key", "/node.key", "/client.key"})
+    if (::chmod((o.dir + k).c_str(), 0600) != 0)
+      throw cli_error("certs: cannot make " + o.dir + k + " private (chmod 0600): " + std::strerror(errno));
   std::printf("made %s/{ca,node,client}.{pem,key} (subjectAltName %s, %d days)\n", o.dir.c_str(), san.c_str(),
               o.days);
   std::printf("node:      cellshard node --listen HOST:PORT --models DIR --tls-cert %s/node.pem --tls-key "
@@ -96,6 +102,13 @@ int do_certs(const certs_opts& o) {
               "--tls-ca %s/ca.pem ...\n",
               o.dir.c_str(), o.dir.c_str(), o.dir.c_str());
   std::printf("keep %s/ca.key off the nodes: it signs new members\n", o.dir.c_str());
+  if (!o.json_out.empty()) {
+    nlohmann::json files;
+    for (const std::string f : {"ca", "node", "client"})
+      files[f] = {{"certificate", o.dir + "/" + f + ".pem"}, {"key", o.dir + "/" + f + ".key"}};
+    write_text(o.json_out, nlohmann::json{{"dir", o.dir}, {"subject_alt_name", san}, {"days", o.days}, {"files", files}}
+                               .dump(2) + "\n");
+  }
   return 0;
 }
 
@@ -109,6 +122,7 @@ void add_certs(CLI::App& app, int& status) {
   cmd->add_option("--dns", o->dns, "a host name the nodes are reached at (repeatable; default localhost)");
   cmd->add_option("--days", o->days, "validity in days")->check(CLI::Range(1, 36500))->capture_default_str();
   cmd->add_flag("--force", o->force, "overwrite certificates already in DIR");
+  cmd->add_option("--json", o->json_out, "{dir, subject_alt_name, days, files} to FILE (- = stdout)");
   cmd->callback([o, &status] { status = do_certs(*o); });
 }
 

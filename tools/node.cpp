@@ -11,12 +11,15 @@
 #include "tools/common.hpp"
 #include "tools/stop_signals.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace cellshard::tools {
 
@@ -27,6 +30,7 @@ struct node_opts {
   int caf_threads = 2, blas_threads = 1, threads = 0;
   int heartbeat_ms = 1000, connection_timeout_ms = 3000, peer_timeout_ms = 5000;
   bool quiet = false, insecure = false;
+  std::string json_out;
   int handshake_ms = 2000, max_pending = 64;
 };
 
@@ -89,6 +93,9 @@ int do_node(const node_opts& o) {
   if (!daemon) throw cli_error(daemon.message());
   const std::string addr = (*daemon)->host() + ":" + std::to_string((*daemon)->port());
   *prefix = "cellshard node " + addr;
+  // --json: the address for scripts, written once the daemon listens and
+  // before the `listening` line (whoever read that line finds the file).
+  if (!o.json_out.empty()) write_text(o.json_out, nlohmann::json{{"listening", addr}, {"pid", ::getpid()}}.dump() + "\n");
   std::printf("listening %s\n", addr.c_str());
   std::fflush(stdout);
   if (!o.quiet)
@@ -135,6 +142,7 @@ void add_node(CLI::App& app, int& status) {
   cmd->add_option("--peer-timeout-ms", o->peer_timeout_ms,
                   "deadline of a connection to another node")->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "log nothing to stderr but errors");
+  cmd->add_option("--json", o->json_out, "write {\"listening\": \"HOST:PORT\", \"pid\": N} to FILE once listening");
   cmd->add_flag("--insecure", o->insecure,
                 "without TLS, allow a non-loopback --listen address (plain, unauthenticated connections)");
   cmd->add_option("--handshake-ms", o->handshake_ms,

@@ -13,10 +13,13 @@
 #include "actors/local_daemons.hpp"
 #include "tools/serve.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <csignal>
 #include <cstdio>
 #include <pthread.h>
 #include <thread>
+#include <unistd.h>
 
 namespace cellshard::tools {
 
@@ -34,7 +37,7 @@ struct serve_opts {
   size_t max_body = 1 << 20;
   bool allow_fault_injection = false;
   int processes = 0;  // local node daemons to start (0: none)
-  std::string chat_format;
+  std::string chat_format, json_out;
   cluster_flags cf;
 };
 
@@ -109,6 +112,12 @@ int do_serve(serve_opts o) {
     serve::server srv(cluster, so, inject);
     auto addr = srv.bind();
     if (!addr) throw cli_error(addr.message());
+    // --json: the address for scripts, written once the server is bound and
+    // before the `listening` line (whoever read that line finds the file).
+    if (!o.json_out.empty())
+      write_text(o.json_out, nlohmann::json{{"listening", *addr}, {"pid", ::getpid()}, {"model", so.model_id},
+                                            {"scheme", so.tls_cert.empty() ? "http" : "https"}}
+                                 .dump() + "\n");
     std::printf("listening %s\n", addr->c_str());
     std::fflush(stdout);
     std::fprintf(stderr, "serving %s on %s://%s (max %d sessions)%s\n", so.model_id.c_str(),
@@ -171,6 +180,9 @@ void add_serve(CLI::App& app, int& status) {
   auto* h = "HTTP";
   cmd->add_option("--listen", o->listen, "HOST:PORT to listen on (port 0: a free one; stdout's first line says which)")
       ->capture_default_str()->group(h);
+  cmd->add_option("--json", o->json_out,
+                  "write {\"listening\": \"HOST:PORT\", \"pid\", \"model\", \"scheme\"} to FILE once listening")
+      ->group(h);
   cmd->add_option("--max-sessions", o->max_sessions, "concurrent generation sessions (more: 429 with Retry-After)")
       ->capture_default_str()->group(h);
   cmd->add_option("--api-key", o->api_key, "require Authorization: Bearer KEY on /v1/ routes")->group(h);

@@ -17,6 +17,8 @@
 #include "tools/common.hpp"
 #include "topologies/profile.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -34,7 +36,7 @@ namespace cellshard::tools {
 namespace {
 
 struct sweep_opts {
-  std::string model, tokenizer, prompt, profile = "host", out = "sweep";
+  std::string model, tokenizer, prompt, profile = "host", out = "sweep", json_out;
   int steps = 32;
   float temperature = 0.0f, topp = 0.9f;
   unsigned long long seed = 1;
@@ -131,6 +133,7 @@ int do_sweep(const sweep_opts& o) {
          "bytes_per_token,reduce\n";
   const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);
   std::vector<std::string> skipped, failed, series;
+  nlohmann::json rows = nlohmann::json::array();  // --json: the CSV's rows
   auto reduces_of = [&](const std::string& topo) {
     return topo.rfind("pipeline", 0) == 0 ? std::vector<std::string>{"direct"} : o.reduces;
   };
@@ -210,6 +213,13 @@ int do_sweep(const sweep_opts& o) {
               << "," << reduce << "\n";
           csv.flush();
           if (!csv) throw cli_error(o.out + "/sweep.csv: write failed: " + std::strerror(errno));
+          rows.push_back({{"model", model_name}, {"topology", topo}, {"nodes", n}, {"stages", plan.stages.size()},
+                          {"tp", plan.stages.front().shards.size()}, {"link", link}, {"batch", batch},
+                          {"ttft_ms", first.result.ttft_ms}, {"tpot_ms_p50", percentile(first.result.step_ms, 0.5)},
+                          {"tpot_ms_p99", percentile(first.result.step_ms, 0.99)}, {"tokens_per_s", tokens / wall},
+                          {"comm_share", share},
+                          {"bytes_per_token", static_cast<double>(link_bytes) / std::max(1, tokens)},
+                          {"reduce", reduce}});
         }
       }
   progress(total, total, "done");
@@ -226,6 +236,10 @@ int do_sweep(const sweep_opts& o) {
     plot(o.out, "bytes_per_token", "bytes between nodes per token", "bytes", 13, series, false);
   }
   std::fprintf(stderr, "wrote %s/sweep.csv%s\n", o.out.c_str(), o.no_plots ? "" : " and PNG plots");
+  if (!o.json_out.empty())
+    write_text(o.json_out, nlohmann::json{{"csv", o.out + "/sweep.csv"}, {"rows", rows}, {"skipped", skipped},
+                                          {"failed", failed}}
+                               .dump(2) + "\n");
   if (!failed.empty()) {
     std::fprintf(stderr, "error: %zu point(s) failed and are not in the CSV:\n", failed.size());
     for (auto& s : failed) std::fprintf(stderr, "  %s\n", s.c_str());
@@ -260,6 +274,7 @@ void add_sweep(CLI::App& app, int& status) {
       ->capture_default_str();
   cmd->add_option("--batch", o->batches, "batch sizes, e.g. 1,8")->delimiter(',')->capture_default_str();
   cmd->add_option("--out", o->out, "output folder")->capture_default_str();
+  cmd->add_option("--json", o->json_out, "{csv, rows (the CSV's columns), skipped, failed} to FILE (- = stdout)");
   cmd->add_flag("--no-plots", o->no_plots, "CSV only");
   auto* cl = cmd->add_option("--cluster", o->cluster,
                              "node daemons (run's cluster file): a point of N nodes uses the first N");

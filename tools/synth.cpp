@@ -4,6 +4,8 @@
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <cerrno>
@@ -23,18 +25,31 @@ std::string human_bytes(long double b) {
   std::snprintf(n, sizeof n, " (%.0Lf bytes)", b);
   return std::string(buf) + n;
 }
+
+struct synth_opts {
+  std::string preset = "stories260k", out, json_out;
+  int dim = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, vocab = 0, seq_len = 0;
+  bool unshared = false;
+  int experts = 0, experts_used = 0, shared_experts = 0;
+  uint64_t seed = 1;
+  uint64_t max_bytes = 64ull << 30;
+};
+
+/// --json: what was written.
+void write_result(const synth_opts& o, const char* format, const model::config& c, uint64_t bytes) {
+  if (o.json_out.empty()) return;
+  nlohmann::json cfg = {{"dim", c.dim},         {"hidden_dim", c.hidden_dim}, {"layers", c.n_layers},
+                        {"heads", c.n_heads},   {"kv_heads", c.n_kv_heads},   {"vocab", c.vocab_size},
+                        {"seq_len", c.seq_len}, {"experts", c.n_experts},     {"experts_used", c.n_experts_used}};
+  write_text(o.json_out, nlohmann::json{{"output", o.out}, {"format", format}, {"config", cfg},
+                                        {"description", c.to_string()}, {"bytes", bytes}, {"seed", o.seed}}
+                             .dump(2) + "\n");
+}
+
 }  // namespace
 
 void add_synth(CLI::App& app, int& status) {
-  struct opts {
-    std::string preset = "stories260k", out;
-    int dim = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, vocab = 0, seq_len = 0;
-    bool unshared = false;
-    int experts = 0, experts_used = 0, shared_experts = 0;
-    uint64_t seed = 1;
-    uint64_t max_bytes = 64ull << 30;
-  };
-  auto o = std::make_shared<opts>();
+  auto o = std::make_shared<synth_opts>();
   auto* cmd = app.add_subcommand("synth", "write a llama2.c checkpoint (GGUF with --experts) of seeded random weights");
   cmd->add_option("--config", o->preset,
                   "stories260k|stories15m|stories42m|stories110m|custom (custom starts from "
@@ -57,6 +72,7 @@ void add_synth(CLI::App& app, int& status) {
                   "S x hidden units behind a sigmoid gate; 0 = Mixtral-style llama)");
   cmd->add_option("-s,--seed", o->seed, "seed")->capture_default_str();
   cmd->add_option("-o,--output", o->out, "output file")->required();
+  cmd->add_option("--json", o->json_out, "{output, format, config, bytes, seed} to FILE (- = stdout)");
   cmd->add_option("--max-size", o->max_bytes, "refuse shapes whose file exceeds this many bytes")
       ->capture_default_str();
   cmd->callback([o, &status] {
@@ -125,6 +141,7 @@ void add_synth(CLI::App& app, int& status) {
       std::fprintf(stderr, "wrote %s: GGUF %s, %.1f MiB, seed %llu\n", o->out.c_str(),
                    (*chk)->cfg().to_string().c_str(), img.size() / 1048576.0,
                    static_cast<unsigned long long>(o->seed));
+      write_result(*o, "gguf", (*chk)->cfg(), img.size());
       status = 0;
       return;
     }
@@ -153,6 +170,7 @@ void add_synth(CLI::App& app, int& status) {
     std::fprintf(stderr, "wrote %s: %s, %.1f MiB, seed %llu\n", o->out.c_str(),
                  c.to_string().c_str(), model::checkpoint_bytes(c) / 1048576.0,
                  static_cast<unsigned long long>(o->seed));
+    write_result(*o, "llama2.c", c, model::checkpoint_bytes(c));
     status = 0;
   });
 }

@@ -8,6 +8,8 @@
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <sstream>
 
@@ -16,7 +18,7 @@ namespace cellshard::tools {
 namespace {
 
 struct tokenize_opts {
-  std::string model, tokenizer, prompt, decode;
+  std::string model, tokenizer, prompt, decode, json_out;
   bool no_bos = false, no_parse_special = false;
 };
 
@@ -47,6 +49,9 @@ int do_tokenize(const tokenize_opts& o, bool have_prompt, bool have_decode) {
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
     std::printf("%s\n", line.c_str());
+    if (!o.json_out.empty())
+      write_text(o.json_out, nlohmann::json{{"tokenizer", tok->name()}, {"text", o.prompt}, {"ids", ids}}
+                                 .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     return 0;
   }
   std::istringstream in(o.decode);
@@ -79,6 +84,11 @@ int do_tokenize(const tokenize_opts& o, bool have_prompt, bool have_decode) {
     prev = id;
   }
   std::printf("%s\n", text.c_str());
+  if (!o.json_out.empty()) {
+    // The text as JSON: bytes that are no UTF-8 become U+FFFD (a token may be part of a character).
+    write_text(o.json_out, nlohmann::json{{"tokenizer", tok->name()}, {"ids", ids}, {"text", text}}
+                               .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  }
   return 0;
 }
 
@@ -96,6 +106,7 @@ void add_tokenize(CLI::App& app, int& status) {
   cmd->add_flag("--no-parse-special", o->no_parse_special,
                 "GGUF: encode special tokens written in the text as plain text");
   auto* decode = cmd->add_option("--decode", o->decode, "\"ID ID ...\": print the text of these ids");
+  cmd->add_option("--json", o->json_out, "{tokenizer, text, ids} to FILE (- = stdout)");
   cmd->callback([o, prompt, decode, &status] { status = do_tokenize(*o, prompt->count() > 0, decode->count() > 0); });
 }
 
