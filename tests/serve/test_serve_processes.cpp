@@ -440,6 +440,106 @@ TEST_CASE("serve --fault: a crash, a freeze and a slow node during a stream leav
   CHECK(srv.terminate() == 0);
 }
 
+// Batch invariance through the API: four streams with their own seeds are
+// sent at once (each waits, after its first token, until all four have one,
+// so that all four sessions have started before any client reads on) and
+// each streams the text the same request gives alone. How many sessions
+// overlap in the pipeline depends on the machine's speed (a session may end
+// while its client waits): it is reported, not asserted.
+TEST_CASE("serve: concurrent sessions with a seed each stream the text each gives alone", "[serve][processes]") {
+  if (!test::have_shared()) return;
+  const auto m = copy_models("serve-concurrent");
+  test::child srv(serve_args(m, {"--nodes", "3", "--max-sessions", "4"}), test::temp_dir("serve-concurrent") + "/serve.err");
+  INFO(srv.log());
+  auto req = [](int seed) {
+    return json{{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0.9}, {"seed", seed}};
+  };
+  std::vector<std::string> alone;
+  for (int seed = 1; seed <= 4; ++seed) {
+    auto [body, st] = body_status(curl_post(srv.port(), "/v1/completions", req(seed).dump()).out);
+    REQUIRE(st == 200);
+    alone.push_back(json::parse(body)["choices"][0]["text"]);
+  }
+  REQUIRE(alone[0] != alone[1]);
+  std::mutex mu;
+  std::condition_variable cv;
+  int started = 0;
+  double active_together = -1;
+  std::vector<stream_result> together(4);
+  std::vector<std::thread> clients;
+  for (int k = 0; k < 4; ++k)
+    clients.emplace_back([&, k] {
+      json r = req(k + 1);
+      r["stream"] = true;
+      together[k] = stream(srv.port(), r, [&](int id) {
+        if (id != 0) return true;
+        std::unique_lock<std::mutex> lock(mu);
+        if (++started == 4) {
+          active_together = test::parse_metrics(metrics_of(srv.port()))["cellshard_sessions_active"];
+          cv.notify_all();
+        }
+        cv.wait_for(lock, std::chrono::seconds(60), [&] { return started == 4; });
+        return true;
+      });
+    });
+  for (auto& t : clients) t.join();
+  WARN("sessions active when all four had their first token: " << active_together);
+  for (int k = 0; k < 4; ++k) {
+    REQUIRE(together[k].completed);
+    int tokens = 0;
+    check_events(together[k].events, &tokens);
+    CHECK(tokens == 60);
+    CHECK(test::stream_text(together[k].events) == alone[k]);
+  }
+  // Without --allow-fault-injection there is no fault route.
+  httplib::Client cli("127.0.0.1", srv.port());
+  auto f = cli.Post("/v1/cluster/fault", R"({"node":1,"kind":"crash"})", "application/json");
+  REQUIRE(f);
+  CHECK(f->status == 404);
+  CHECK(srv.terminate() == 0);
+}
+
+// The page's freeze button is POST /v1/cluster/fault {"kind": "freeze"}: in
+// process, node 1's shard goes silent at its next step, which is in the next
+// stream; that stream has the fault-free text, the shard moved to the spare.
+TEST_CASE("serve --allow-fault-injection: a freeze injected through the API, recovered on the spare in the next stream",
+          "[serve][processes]") {
+  if (!test::have_shared()) return;
+  const auto m = copy_models("serve-inject-freeze");
+  test::child srv(serve_args(m, {"--nodes", "3", "--spares", "1", "--allow-fault-injection"}),
+                  test::temp_dir("serve-inject-freeze") + "/serve.err");
+  INFO(srv.log());
+  const json req = {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0.8}, {"seed", 5},
+                    {"stream", true}};
+  auto ref = stream(srv.port(), req);
+  REQUIRE(ref.completed);
+  httplib::Client cli("127.0.0.1", srv.port());
+  auto bad = cli.Post("/v1/cluster/fault", R"({"node":1,"kind":"melt"})", "application/json");
+  REQUIRE(bad);
+  CHECK(bad->status == 400);
+  auto r = cli.Post("/v1/cluster/fault", R"({"node":1,"kind":"freeze"})", "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  auto frozen = stream(srv.port(), req);
+  REQUIRE(frozen.completed);
+  int tokens = 0;
+  check_events(frozen.events, &tokens);
+  CHECK(tokens == 60);
+  CHECK(test::stream_text(frozen.events) == test::stream_text(ref.events));
+  auto view = cli.Get("/v1/cluster");
+  REQUIRE(view);
+  const auto faults = json::parse(view->body)["faults"];
+  INFO(faults.dump());
+  REQUIRE(faults.size() == 1);
+  CHECK(faults[0]["node"] == 1);
+  CHECK(faults[0]["recovered"] == true);
+  CHECK(faults[0]["moved_to_node"] == 3);
+  auto h = cli.Get("/health");
+  REQUIRE(h);
+  CHECK(json::parse(h->body)["nodes_down"] == json::array({1}));
+  CHECK(srv.terminate() == 0);
+}
+
 // HTTPS with --tls-cert/--tls-key (certificates from `cellshard certs`),
 // checked by curl against the CA, with --api-key; plain HTTP to it fails.
 TEST_CASE("serve --tls-cert/--tls-key: HTTPS for curl, streamed and not, with an API key", "[serve][processes]") {
