@@ -210,7 +210,7 @@ struct request_recovery {
 struct generation {
   std::vector<int> ids;         ///< BOS, prompt tokens, then sampled tokens
   int prompt_tokens = 0;        ///< leading ids that are BOS and prompt
-  std::string text;             ///< the pieces of the sampled tokens, concatenated
+  std::string text;             ///< the pieces of every id after BOS (prompt, then sampled), concatenated
   double ttft_ms = 0;           ///< start -> first sampled token
   std::vector<double> step_ms;  ///< time of each sampled token after the first
   double duration_ms = 0;
@@ -226,8 +226,10 @@ struct generation_error : error {
 };
 using generation_result = result<generation, generation_error>;
 
-/// Called once per sampled token with its id and text piece; return false to
-/// cancel the request. Runs on a runtime thread (see the top of this file).
+/// Called once per position after BOS, in order: first each prompt token
+/// (prompt_tokens - 1 calls), then each sampled token, with its id and text
+/// piece (as `cellshard run` prints them); return false to cancel the
+/// request. Runs on a runtime thread (see the top of this file).
 using token_callback = std::function<bool(int token, std::string_view piece)>;
 /// Called once when a submitted request ends, on a runtime thread.
 using done_callback = std::function<void(generation_result)>;
