@@ -9,7 +9,7 @@ import { chromium } from "playwright-core";
 import { spawn } from "node:child_process";
 import assert from "node:assert/strict";
 import { createInterface } from "node:readline";
-import { mkdtempSync, existsSync, statSync } from "node:fs";
+import { mkdtempSync, existsSync, statSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -34,8 +34,9 @@ function startServe(args) {
   });
 }
 
-// A fresh profile folder (playwright passes it as --user-data-dir).
-const browser = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "cellshard-chromium-")), {
+// A fresh profile folder (playwright passes it as --user-data-dir), removed at the end.
+const profile = mkdtempSync(join(tmpdir(), "cellshard-chromium-"));
+const browser = await chromium.launchPersistentContext(profile, {
   executablePath: exe, headless: true,
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"] });
@@ -117,4 +118,5 @@ try {
 } finally {
   await browser.close();
   for (const p of servers) p.kill("SIGKILL");
+  rmSync(profile, { recursive: true, force: true });
 }
