@@ -214,10 +214,10 @@ result<std::shared_ptr<const model_file>> model_file::open(const std::string& pa
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
   if (m->size_ > 0) {
-    char magic[4] = {0, 0, 0, 0};
-    const bool gguf = ::pread(fd, magic, 4, 0) == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-    // A GGUF file is never converted in place (its loader copies what it swaps).
-    const bool swap = !gguf && opts.force_swap != host_is_big_endian();
+    // Every format is little-endian on disk; a big-endian host converts the
+    // tensors in place (llama2.c, CSQ8: the whole image; GGUF: each tensor
+    // the loader uses).
+    const bool swap = opts.force_swap != host_is_big_endian();
     // A private writable mapping lets the swap path convert in place
     // (copy-on-write); the usual path maps read-only and shares the page cache.
     void* p = ::mmap(nullptr, m->size_, swap ? PROT_READ | PROT_WRITE : PROT_READ,

@@ -132,9 +132,9 @@ public:
   const config& cfg() const { return cfg_; }
   const std::string& path() const { return path_; }
   uint64_t file_bytes() const { return size_; }
-  /// The file's bytes as loaded (file_bytes() long): a byte-swapped llama2.c
-  /// or CSQ8 file's are converted in place (see swapped()); the loaders'
-  /// pointers point into it.
+  /// The file's bytes as loaded (file_bytes() long): a file of the other byte
+  /// order is converted in place (see swapped()); the loaders' pointers point
+  /// into it.
   const uint8_t* image() const { return base_; }
   /// The file's own bytes as they are on disk (file_bytes() long), the same
   /// on every host: what weight manifests digest and front ends ship
@@ -145,9 +145,9 @@ public:
   /// nullptr for a converted sparse image (from_sparse(), a slice on a host
   /// of the other byte order): a slice is not sliced again.
   const uint8_t* file_image() const { return in_place_ ? original_ : base_; }
-  /// True when the loader converted the byte order: in place for llama2.c and
-  /// CSQ8 files (image() then differs from the file), into copies of the
-  /// tensors for GGUF files (image() is the file's bytes).
+  /// True when the loader converted the byte order, in place (image() then
+  /// differs from the file): the whole image for llama2.c and CSQ8 files,
+  /// each tensor the loader uses for GGUF files (no copy of the model).
   bool swapped() const { return swapped_; }
 
   const float* token_embedding() const { return emb_; }  // [vocab x dim]
@@ -245,7 +245,7 @@ private:
   std::vector<layer_view> g_layers_;  // norms always; f32 matrices when the tensor is F32
   std::vector<moe_layer_view> m_layers_;  // experts, shared expert, biases (when present)
   bool non_f32_ = false;
-  std::vector<std::vector<uint8_t>> converted_;  // swapped tensors, f32 copies of norms
+  std::vector<std::vector<uint8_t>> converted_;  // f32 copies of non-F32 norms
 };
 
 /// Expected size in bytes of a checkpoint with this config (header, weights,

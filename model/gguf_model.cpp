@@ -36,6 +36,8 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <unordered_set>
+#include <xxhash.h>
 
 namespace cellshard::model {
 
@@ -61,13 +63,24 @@ kernels::matmul_mode model_file::default_matmul() const {
 result<void> model_file::init_gguf(const std::string& name, load_options opts) {
   gguf::open_options go;
   go.force_swap = opts.force_swap;
-  auto gr = sparse_ ? gguf::file::from_view(base_, size_, name, go)
-            : mapped_ ? gguf::file::open(path_, go)
-                      : gguf::file::from_bytes(owned_, name, go);
+  // The reader parses the model's own image (mapped, owned or sparse): its
+  // tensor pointers point into base_, which is writable when the host must
+  // convert (model_file::open maps the file privately then).
+  auto gr = gguf::file::from_view(base_, size_, name, go);
   if (!gr) return gr.err();
   gguf_ = *gr;
   const gguf::file& g = *gguf_;
-  if (g.swapped()) swapped_ = true;
+  if (g.swapped()) {
+    // Each tensor the loader uses is converted in place, once (to_host
+    // below). The digest and file_image() stay the file's own bytes, the same
+    // on every host: the digest is taken now, file_image() is a second,
+    // read-only mapping of the file (open()), a copy (from_bytes()) or
+    // nothing (a sparse slice image).
+    swapped_ = true;
+    digest_ = XXH64(base_, size_, 0);
+    have_digest_ = true;
+    keep_original();
+  }
 
   auto arch = g.get_string("general.architecture");
   if (!arch) return arch.err();
@@ -183,6 +196,20 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
   if (opts.ctx > 0) c.seq_len = opts.ctx;
   cfg_ = c;
 
+  // A tensor's rows (rows x cols of type dt) to host order, in place, once.
+  // A zero row is its own swap and is not written: a sparse slice image's
+  // untouched pages stay unallocated.
+  std::unordered_set<const uint8_t*> done;
+  auto to_host = [&](kernels::dtype dt, const uint8_t* data, uint64_t rows, int cols) {
+    if (!done.insert(data).second) return;
+    uint8_t* p = base_ + (data - base_);  // base_ is writable here (see above)
+    const size_t rb = kernels::row_bytes(dt, cols);
+    for (uint64_t r = 0; r < rows; ++r, p += rb) {
+      bool zero = true;
+      for (size_t i = 0; i < rb && zero; ++i) zero = p[i] == 0;
+      if (!zero) kernels::swap_rows(dt, p, 1, cols);
+    }
+  };
   // Looks up a tensor, checks its shape and type, converts its byte order.
   auto load = [&](const std::string& tname, uint64_t cols, uint64_t rows,
                   tensor_view* out) -> result<void> {
@@ -205,11 +232,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     out->rows = static_cast<int>(rows ? rows : 1);
     out->row_bytes = kernels::row_bytes(dt, out->cols);
     out->data = ti.data;
-    if (g.swapped()) {
-      converted_.emplace_back(ti.data, ti.data + ti.bytes);
-      kernels::swap_rows(dt, converted_.back().data(), out->rows, out->cols);
-      out->data = converted_.back().data();
-    }
+    if (g.swapped()) to_host(dt, ti.data, static_cast<uint64_t>(out->rows), out->cols);
     if (dt != kernels::dtype::f32 && rows) non_f32_ = true;
     return {};
   };
@@ -250,12 +273,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
                         ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
     const size_t rb = kernels::row_bytes(dt, static_cast<int>(cols));
     const uint8_t* data = ti->data;
-    if (g.swapped()) {
-      converted_.emplace_back(ti->data, ti->data + ti->bytes);
-      kernels::swap_rows(dt, converted_.back().data(), static_cast<int>(rows * E),
-                         static_cast<int>(cols));
-      data = converted_.back().data();
-    }
+    if (g.swapped()) to_host(dt, data, rows * E, static_cast<int>(cols));
     out->clear();
     for (uint64_t e = 0; e < E; ++e) {
       tensor_view v;
@@ -369,6 +387,18 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
 result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype type) {
   const gguf::file* g = in.gguf();
   if (!g) return make_error(in.path() + ": not a GGUF model (GGUF output needs a GGUF input)");
+  // A converted model's tensors are in host order in its image: read the
+  // file's own bytes instead (file_image()), as a file of this host.
+  std::shared_ptr<const gguf::file> own;
+  if (in.swapped()) {
+    if (!in.file_image())
+      return make_error(in.path() + ": a slice image converted to this host's byte order cannot be "
+                                    "quantized");
+    auto r = gguf::file::from_view(in.file_image(), in.file_bytes(), in.path());
+    if (!r) return r.err();
+    own = *r;
+    g = own.get();
+  }
   // The output is little-endian, as the file must be: a big-endian host (where
   // every little-endian file is swapped()) converts each row to its order to
   // requantize it and the new blocks back; untouched tensors are the file's bytes.

@@ -14,6 +14,7 @@
 #include "tests/support.hpp"
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <initializer_list>
@@ -404,6 +405,57 @@ TEST_CASE("gguf model: a byte-swapped file loads (big-endian host path)", "[gguf
   const std::vector<int> ids = {1, 403, 407};
   CHECK(logits_of(*swapped, ids, kernels::matmul_mode::ggml) ==
         logits_of(open_model("models/gguf/stories260K-q8_0.gguf"), ids, kernels::matmul_mode::ggml));
+}
+
+TEST_CASE("gguf model: a file of the other byte order is converted in place, not copied",
+          "[gguf][model]") {
+  const auto path = test::shared_file("models/gguf/stories260K-q8_0.gguf");
+  if (path.empty()) return;
+  // On a little-endian host a big-endian rewrite read with force_swap; on a
+  // big-endian host the file itself (every GGUF is little-endian).
+  const bool be_host = model::host_is_big_endian();
+  auto g = model::gguf::file::open(path).value();
+  std::vector<uint8_t> bytes;
+  if (be_host) {
+    const std::string raw = test::read_file(path);
+    bytes.assign(raw.begin(), raw.end());
+  } else {
+    bytes = test::gguf_swapped(*g);
+  }
+  const std::string file = test::temp_dir("gguf-swapped-in-place") + "/swapped-q8_0.gguf";
+  test::write_file(file, std::string(bytes.begin(), bytes.end()));
+  model::load_options o;
+  o.force_swap = !be_host;
+  auto mapped = model::model_file::open(file, o);
+  INFO((mapped.ok() ? std::string() : mapped.message()));
+  REQUIRE(mapped.ok());
+  auto owned = model::model_file::from_bytes(bytes, "swapped-q8_0.gguf", o);
+  REQUIRE(owned.ok());
+  for (const auto& m : {*mapped, *owned}) {
+    CHECK(m->swapped());
+    // Every matrix points into the model's own (converted) image: no copy.
+    const uint8_t* lo = m->image();
+    const uint8_t* hi = lo + m->file_bytes();
+    auto inside = [&](const model::tensor_view& t) { return t.data >= lo && t.data + t.rows * t.row_bytes <= hi; };
+    CHECK(inside(m->typed_embedding()));
+    CHECK(inside(m->typed_classifier()));
+    for (int l = 0; l < m->cfg().n_layers; ++l) {
+      const auto t = m->typed_layer(l);
+      for (const auto& v : {t.wq, t.wk, t.wv, t.wo, t.w1, t.w2, t.w3}) CHECK(inside(v));
+      const float* norm = m->layer(l).rms_att;
+      CHECK((reinterpret_cast<const uint8_t*>(norm) >= lo && reinterpret_cast<const uint8_t*>(norm) < hi));
+    }
+    // The file's own bytes and their digest stay what every host sees.
+    REQUIRE(m->file_image() != nullptr);
+    CHECK(m->file_image() != m->image());
+    CHECK(std::memcmp(m->file_image(), bytes.data(), bytes.size()) == 0);
+    CHECK(std::memcmp(m->image(), bytes.data(), bytes.size()) != 0);
+    CHECK(m->digest() == XXH64(bytes.data(), bytes.size(), 0));
+  }
+  const std::vector<int> ids = {1, 403, 407};
+  const auto want = logits_of(open_model("models/gguf/stories260K-q8_0.gguf"), ids, kernels::matmul_mode::ggml);
+  CHECK(logits_of(*mapped, ids, kernels::matmul_mode::ggml) == want);
+  CHECK(logits_of(*owned, ids, kernels::matmul_mode::ggml) == want);
 }
 
 TEST_CASE("gguf quantize: q8_0 matches llama.cpp's quantizer, q4_0 runs close to f32",
