@@ -718,7 +718,7 @@ const float* engine::prefill(const int* tokens, int n, int pos0, float* all_logi
     if (all_logits) {
       for (int i = 0; i < m; ++i) {
         float* xi = xn_.data() + static_cast<size_t>(i) * dim;
-        be_->rmsnorm(xi, xi, w_->rms_final(), dim);
+        norm(*be_, w_->cfg(), xi, xi, w_->rms_final(), dim);  // the model's epsilon, as classify()
       }
       matmul(*be_, all_logits + static_cast<size_t>(i0) * vocab, vocab, w_->classifier(), xn_.data(), dim,
              m, w_->matmul());
