@@ -55,8 +55,9 @@ struct typed_layer_view {
   tensor_view wq, wk, wv, wo, w1, w2, w3;
 };
 
-/// What one GGUF layer adds to the dense Llama layer (empty for a dense model):
-/// the mixture-of-experts FFN and qwen2moe's Q/K/V biases.
+/// What one GGUF layer adds to the dense Llama layer (empty for a dense model
+/// without biases): the mixture-of-experts FFN and the Q/K/V biases (qwen2,
+/// qwen2moe).
 /// Shapes (row-major, [out x in]): router [n_experts x dim]; for expert e,
 /// w1[e] and w3[e] [hidden x dim], w2[e] [dim x hidden] (hidden = one expert's
 /// width, config::hidden_dim), each a slice of the file's 3-D tensor

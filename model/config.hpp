@@ -30,8 +30,9 @@ struct config {
   /// Renormalise the chosen experts' weights to sum to 1 (llama.cpp does for
   /// Mixtral-style llama models, not for qwen2moe).
   bool norm_topk = true;
-  /// Q, K and V have bias vectors (qwen2moe). The loader stores Q/K rows of a
-  /// NEOX-RoPE model already permuted into the adjacent-pair order.
+  /// Q, K and V have bias vectors (qwen2, qwen2moe; any GGUF whose layer 0
+  /// has attn_q.bias). NEOX RoPE (qwen2, qwen2moe) is chosen by `arch`
+  /// (model/transformer.cpp: q and k reordered per position, weights as stored).
   bool qkv_bias = false;
   std::string arch = "llama";  // general.architecture ("llama" for llama2.c files)
 

@@ -1,5 +1,6 @@
-// model_file for GGUF files of the `llama` architecture: the config from
-// metadata, the tensors by their GGUF names, kept in their type.
+// model_file for GGUF files of the `llama`, `qwen2` and `qwen2moe`
+// architectures: the config from metadata, the tensors by their GGUF names,
+// kept in their type.
 //
 // Names and shapes (ggml order ne = {cols, rows}; llama.cpp's llama-arch):
 //   token_embd.weight {dim, vocab}, output_norm.weight {dim},
@@ -24,11 +25,18 @@
 //   ffn_up_shexp.weight {dim, S}, blk.N.ffn_down_shexp.weight {S, dim},
 //   blk.N.attn_q.bias {dim}, attn_k.bias / attn_v.bias {kv_dim},
 // and uses NEOX RoPE (a head's dimension i pairs with i + head_size/2, where
-// llama's pairs are adjacent): the loader permutes each head's Q and K rows
-// (and biases) so that row 2i holds dimension i and row 2i+1 dimension
-// i + head_size/2; the pairwise RoPE kernels then rotate the right pairs with
-// the right frequencies, and q.k is unchanged because Q and K get the same
-// permutation. qwen2moe's top-k weights are not renormalised (config::norm_topk).
+// llama's pairs are adjacent): the weights stay as the file stores them and
+// the engine reorders each position's q and k (after the biases) so that
+// element 2i holds dimension i and 2i+1 dimension i + head_size/2 before the
+// pairwise RoPE kernels (neox_rope in model/transformer.cpp, chosen by
+// config::arch); q.k is unchanged because q and k get the same permutation.
+// qwen2moe's top-k weights are not renormalised (config::norm_topk).
+//
+// Architecture `qwen2` (Qwen2, Qwen2.5) is llama's dense layer with
+// qwen2moe's attention: the same keys under `qwen2.`, attn_q/attn_k/attn_v
+// biases and NEOX RoPE. Q/K/V biases are applied
+// for any architecture whose layer 0 has attn_q.bias (llama.cpp's llama graph
+// adds them when present too); any other bias tensor is refused.
 #include "model/checkpoint.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_model.hpp"
@@ -84,9 +92,9 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
 
   auto arch = g.get_string("general.architecture");
   if (!arch) return arch.err();
-  if (*arch != "llama" && *arch != "qwen2moe")
+  if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen2moe")
     return make_error(name + ": unsupported architecture " + *arch +
-                      " (general.architecture; cellshard runs llama and qwen2moe)");
+                      " (general.architecture; cellshard runs llama, qwen2 and qwen2moe)");
   const std::string a = *arch + ".";
   const bool qwen = *arch == "qwen2moe";
 
@@ -136,8 +144,24 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
                         "expert_used_count " + std::to_string(c.n_experts_used) +
                         " leaves no expert width; expected " + a + "expert_feed_forward_length");
     c.norm_topk = false;
-    // Biases as llama.cpp's qwen2moe graph: added when the file has them.
-    c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  }
+  // Q/K/V biases (qwen2, qwen2moe; llama.cpp's llama graph adds them too when
+  // a file has them): all three in every layer when layer 0 has attn_q.bias.
+  // Any other bias would be ignored silently, so it is refused.
+  c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  for (const auto& t : g.tensors()) {
+    const std::string& n = t.name;
+    if (n.size() < 5 || n.compare(n.size() - 5, 5, ".bias") != 0) continue;
+    const auto dot = n.rfind('.', n.size() - 6);
+    const std::string kind = dot == std::string::npos ? n : n.substr(dot + 1);
+    if (kind != "attn_q.bias" && kind != "attn_k.bias" && kind != "attn_v.bias")
+      return make_error(name + ": tensor " + n +
+                        " is a bias cellshard does not apply (supported: attn_q.bias, attn_k.bias, "
+                        "attn_v.bias)");
+    if (!c.qkv_bias)
+      return make_error(name + ": tensor " + n +
+                        " is present but blk.0.attn_q.bias is not: expected Q/K/V biases in every "
+                        "layer or in none");
   }
   c.n_kv_heads = c.n_heads;
   if (g.has(a + "attention.head_count_kv")) {
@@ -287,30 +311,6 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     if (dt != kernels::dtype::f32) non_f32_ = true;
     return {};
   };
-  // NEOX RoPE (qwen2moe): each head's rows reordered to 0, h/2, 1, h/2+1, ...
-  // (see the top of this file); a copy in converted_.
-  const int hs = c.head_size();
-  auto neox_rows = [&](tensor_view* t) {
-    std::vector<uint8_t> out(static_cast<size_t>(t->rows) * t->row_bytes);
-    for (int r = 0; r < t->rows; ++r) {
-      const int head = r / hs, j = r % hs;
-      const int src = head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2);
-      std::memcpy(out.data() + static_cast<size_t>(r) * t->row_bytes,
-                  t->data + static_cast<size_t>(src) * t->row_bytes, t->row_bytes);
-    }
-    converted_.push_back(std::move(out));
-    t->data = converted_.back().data();
-  };
-  auto neox_vec = [&](const float** v, int n) {
-    std::vector<uint8_t> out(static_cast<size_t>(n) * sizeof(float));
-    float* o = reinterpret_cast<float*>(out.data());
-    for (int r = 0; r < n; ++r) {
-      const int head = r / hs, j = r % hs;
-      o[r] = (*v)[head * hs + (j % 2 == 0 ? j / 2 : hs / 2 + j / 2)];
-    }
-    converted_.push_back(std::move(out));
-    *v = reinterpret_cast<const float*>(converted_.back().data());
-  };
   converted_.reserve(static_cast<size_t>(c.n_layers) * 9 + 4);
   const uint64_t d = c.dim, kv = c.kv_dim(), h = c.hidden_dim;
   if (auto r = load("token_embd.weight", d, vocab, &t_emb_); !r) return r;
@@ -330,6 +330,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     const std::string p = "blk." + std::to_string(l) + ".";
     typed_layer_view t;
     layer_view v{};
+    moe_layer_view m;  // experts (MoE) and Q/K/V biases
     for (auto r : {load(p + "attn_q.weight", d, d, &t.wq), load(p + "attn_k.weight", d, kv, &t.wk),
                    load(p + "attn_v.weight", d, kv, &t.wv),
                    load(p + "attn_output.weight", d, d, &t.wo), norm(p + "attn_norm.weight", &v.rms_att),
@@ -340,7 +341,6 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
                      load(p + "ffn_up.weight", d, h, &t.w3)})
         if (!r) return r;
     } else {
-      moe_layer_view m;
       const uint64_t E = c.n_experts, sh = c.shared_hidden;
       if (!g.find_tensor(p + "ffn_gate_inp.weight"))
         return make_error(name + ": missing tensor " + p + "ffn_gate_inp.weight (the router; " + a +
@@ -356,19 +356,12 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
                        load(p + "ffn_down_shexp.weight", sh, d, &m.sw2),
                        load(p + "ffn_up_shexp.weight", d, sh, &m.sw3)})
           if (!r) return r;
-      if (qwen) {
-        if (c.qkv_bias)
-          for (auto r : {vec(p + "attn_q.bias", c.dim, &m.bq),
-                         vec(p + "attn_k.bias", c.kv_dim(), &m.bk),
-                         vec(p + "attn_v.bias", c.kv_dim(), &m.bv)})
-            if (!r) return r;
-        neox_rows(&t.wq);
-        neox_rows(&t.wk);
-        if (m.bq) neox_vec(&m.bq, c.dim);
-        if (m.bk) neox_vec(&m.bk, c.kv_dim());
-      }
-      m_layers_.push_back(std::move(m));
     }
+    if (c.qkv_bias)
+      for (auto r : {vec(p + "attn_q.bias", c.dim, &m.bq), vec(p + "attn_k.bias", c.kv_dim(), &m.bk),
+                     vec(p + "attn_v.bias", c.kv_dim(), &m.bv)})
+        if (!r) return r;
+    if (c.moe() || c.qkv_bias) m_layers_.push_back(std::move(m));
     v.wq = f32_of(t.wq);
     v.wk = f32_of(t.wk);
     v.wv = f32_of(t.wv);

@@ -303,6 +303,8 @@ result<void> gguf_entries(const model_file& f, const slice_spec& spec, builder& 
     rows(p + "attn_k.weight", k0, nk);
     rows(p + "attn_v.weight", k0, nk);
     cols(p + "attn_output.weight", q0, nq);
+    // Q/K/V biases (qwen2, qwen2moe): the loader reads every layer's whole.
+    for (auto bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) whole(p + bias, false);
     if (!c.moe()) {
       rows(p + "ffn_gate.weight", f0, nf);
       rows(p + "ffn_up.weight", f0, nf);
@@ -310,7 +312,6 @@ result<void> gguf_entries(const model_file& f, const slice_spec& spec, builder& 
       continue;
     }
     whole(p + "ffn_gate_inp.weight", true);
-    for (auto bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) whole(p + bias, false);
     if (spec.routed)
       for (int e = 0; e < c.n_experts; ++e) {
         expert_rows(p + "ffn_gate_exps.weight", e, f0, nf);

@@ -130,7 +130,8 @@ std::vector<uint8_t> synth_bytes(const config& c, uint64_t seed) {
 
 std::vector<uint8_t> synth_gguf(const config& c, uint64_t seed) {
   const bool qwen = c.shared_hidden > 0;
-  const std::string arch = qwen ? "qwen2moe" : "llama", a = arch + ".";
+  const bool qwen2 = !qwen && c.n_experts == 0 && c.arch == "qwen2";  // dense Qwen2
+  const std::string arch = qwen ? "qwen2moe" : qwen2 ? "qwen2" : "llama", a = arch + ".";
   gguf::writer g;
   g.set_string("general.architecture", arch);
   g.set_string("general.name", "cellshard synth seed " + std::to_string(seed));
@@ -140,8 +141,8 @@ std::vector<uint8_t> synth_gguf(const config& c, uint64_t seed) {
   g.set_u32(a + "feed_forward_length", static_cast<uint32_t>(qwen ? c.shared_hidden : c.hidden_dim));
   g.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_heads));
   g.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
-  g.set_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
-  g.set_f32(a + "rope.freq_base", 10000.0f);
+  g.set_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
+  g.set_f32(a + "rope.freq_base", c.rope_theta);
   g.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.head_size()));
   if (c.n_experts > 0) {
     g.set_u32(a + "expert_count", static_cast<uint32_t>(c.n_experts));
@@ -182,7 +183,7 @@ std::vector<uint8_t> synth_gguf(const config& c, uint64_t seed) {
     matrix(p + "attn_q.weight", {d, d});
     matrix(p + "attn_k.weight", {d, kv});
     matrix(p + "attn_v.weight", {d, kv});
-    if (qwen) {
+    if (qwen || qwen2) {
       tensor(p + "attn_q.bias", {d}, 0.1f, 0.0f);
       tensor(p + "attn_k.bias", {kv}, 0.1f, 0.0f);
       tensor(p + "attn_v.bias", {kv}, 0.1f, 0.0f);

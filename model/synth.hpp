@@ -37,7 +37,10 @@ std::vector<uint8_t> synth_bytes(const config& c, uint64_t seed);
 /// configs work too). Architecture "llama" (Mixtral-style: router, 3-D expert
 /// tensors, renormalised top-k) when c.shared_hidden is 0, else "qwen2moe"
 /// (a shared expert of c.shared_hidden units with its sigmoid gate, Q/K/V
-/// biases, NEOX RoPE, no renormalisation); tensor names and shapes as
+/// biases, NEOX RoPE, no renormalisation); a dense config (no experts) with
+/// c.arch "qwen2" gives architecture "qwen2" (Q/K/V biases, NEOX RoPE).
+/// The RMSNorm epsilon and RoPE base are c.rms_eps and c.rope_theta. Tensor
+/// names and shapes as
 /// model/gguf_model.cpp reads them, output.weight only when
 /// !c.shared_classifier. Matrices uniform in [-a, a], a = sqrt(3 / fan_in);
 /// the embedding's rows at 1/dim variance as synth_write's; norm weights

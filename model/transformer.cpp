@@ -18,8 +18,39 @@ void norm(const kernels::backend& be, const config& c, float* out, const float* 
   if (c.rms_eps == 1e-5f) be.rmsnorm(out, x, w, n);
   else kernels::ref::rmsnorm_eps(out, x, w, n, c.rms_eps);
 }
+// NEOX order to adjacent pairs, per head of hs elements: element 2i takes
+// dimension i, element 2i+1 dimension i + hs/2.
+void neox_to_pairs(float* v, int n, int hs) {
+  float stack[512];
+  std::vector<float> heap;
+  float* tmp = stack;
+  if (hs > 512) {
+    heap.resize(static_cast<size_t>(hs));
+    tmp = heap.data();
+  }
+  const int half = hs / 2;
+  for (int h0 = 0; h0 < n; h0 += hs) {
+    std::memcpy(tmp, v + h0, static_cast<size_t>(hs) * sizeof(float));
+    for (int i = 0; i < half; ++i) {
+      v[h0 + 2 * i] = tmp[i];
+      v[h0 + 2 * i + 1] = tmp[half + i];
+    }
+  }
+}
+
+// NEOX RoPE (qwen2, qwen2moe): a head's dimension i rotates with i + hs/2
+// (llama's converted files: 2i with 2i+1). The weights stay in the file's
+// order; each position's q and k (after the biases) are reordered into
+// adjacent pairs before the pairwise RoPE kernels, the same permutation for
+// both, so q.k is unchanged and the KV cache holds k in pair order.
+bool neox_rope(const config& c) { return c.arch == "qwen2" || c.arch == "qwen2moe"; }
+
 void rotate(const kernels::backend& be, const shard_weights& w, float* q, int nq, float* k, int nk, int pos) {
   const config& c = w.cfg();
+  if (neox_rope(c)) {
+    neox_to_pairs(q, nq, c.head_size());
+    neox_to_pairs(k, nk, c.head_size());
+  }
   const float* factors = w.file().rope_factors();
   if (c.rope_theta == 10000.0f && !factors) be.rope(q, nq, k, nk, pos, c.head_size());
   else kernels::ref::rope_base(q, nq, k, nk, pos, c.head_size(), c.rope_theta, factors);
@@ -136,7 +167,7 @@ void matmul(const kernels::backend& be, float* out, int ldo, const matrix& m, co
 
 namespace {
 
-// A slice's Q/K/V bias rows (qwen2moe), counted in *bytes.
+// A slice's Q/K/V bias rows (qwen2, qwen2moe), counted in *bytes.
 void set_biases(shard_weights::layer& L, const moe_layer_view& m, int q0, int k0, int nq, int nk,
                 uint64_t* bytes) {
   if (m.bq) L.bq = m.bq + q0;
@@ -272,8 +303,8 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make(
         L.shared_gate = m.shared_gate;
         w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
       }
-      set_biases(L, m, q0, k0, nq, nk, &w->bytes_);
     }
+    set_biases(L, file->moe_layer(l), q0, k0, nq, nk, &w->bytes_);
     w->bytes_ += 2ull * d * sizeof(float);
     w->layers_.push_back(L);
   }
@@ -473,8 +504,8 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
         L.shared_gate = m.shared_gate;
         w->bytes_ += static_cast<uint64_t>(d) * sizeof(float);
       }
-      set_biases(L, m, q0, k0, nq, nk, &w->bytes_);
     }
+    set_biases(L, file.moe_layer(l), q0, k0, nq, nk, &w->bytes_);
     w->bytes_ += 2ull * d * sizeof(float);
     w->layers_.push_back(L);
   }
@@ -626,7 +657,7 @@ void attention_partial_batch(const kernels::backend& be, const shard_weights& w,
   matmul(be, s.q_n.data(), nq, L.wq, s.xb_n.data(), dim, n, w.matmul());
   matmul(be, kv.key(li, pos0), kvd, L.wk, s.xb_n.data(), dim, n, w.matmul());
   matmul(be, kv.value(li, pos0), kvd, L.wv, s.xb_n.data(), dim, n, w.matmul());
-  if (L.bq)  // qwen2moe's biases, as attention_partial adds them
+  if (L.bq)  // Q/K/V biases, as attention_partial adds them
     for (int i = 0; i < n; ++i) {
       float* q = s.q_n.data() + static_cast<size_t>(i) * nq;
       float* k = kv.key(li, pos0 + i);

@@ -117,7 +117,7 @@ public:
     matrix sw1, sw3;                 // shared expert [shared_hidden x dim]
     matrix sw2;                      // [dim x shared_hidden]
     const float* shared_gate = nullptr;  // [dim]: sigmoid(shared_gate . x) scales sw2's output
-    // Q/K/V biases (qwen2moe), this slice's rows; null when absent.
+    // Q/K/V biases (qwen2, qwen2moe), this slice's rows; null when absent.
     const float* bq = nullptr;
     const float* bk = nullptr;
     const float* bv = nullptr;

@@ -275,10 +275,10 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
       cfg.moe() ? static_cast<uint64_t>(routed_experts >= 0 ? routed_experts : cfg.n_experts) : 1;
   const uint64_t sh = static_cast<uint64_t>(cfg.shared_hidden);
   const uint64_t moe_extra =
-      cfg.moe() ? static_cast<uint64_t>(cfg.n_experts) * d * f32 + (sh ? 2 * sh * w.row_bytes(K::w1, d) + d * w.row_bytes(K::w2, sh) + d * f32
-                                          : 0) +
-                      (cfg.qkv_bias ? (q_rows + 2 * kv_rows) * f32 : 0)
-                : 0;
+      (cfg.moe() ? static_cast<uint64_t>(cfg.n_experts) * d * f32 +
+                       (sh ? 2 * sh * w.row_bytes(K::w1, d) + d * w.row_bytes(K::w2, sh) + d * f32 : 0)
+                 : 0) +
+      (cfg.qkv_bias ? (q_rows + 2 * kv_rows) * f32 : 0);  // Q/K/V biases (qwen2, qwen2moe)
   const uint64_t per_layer = q_rows * w.row_bytes(K::wq, d)     // wq [q_rows x dim]
                              + kv_rows * w.row_bytes(K::wk, d)  // wk [kv_rows x dim]
                              + kv_rows * w.row_bytes(K::wv, d)  // wv [kv_rows x dim]

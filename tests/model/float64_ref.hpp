@@ -8,7 +8,9 @@
 // rope_freqs.weight factors, grouped-query attention, SwiGLU, tied or untied
 // classifier; routing = softmax over experts, top-k, weights renormalised over
 // the k) and `qwen2moe` (Q/K/V biases, NEOX RoPE on pairs (i, i + hs/2), no
-// renormalisation, plus a sigmoid-gated shared expert).
+// renormalisation, plus a sigmoid-gated shared expert), and `qwen2` (dense:
+// llama's layer with Q/K/V biases and NEOX RoPE). Q/K/V biases are added
+// whenever the file has them.
 //
 // Shapes: tensors are read by name into row-major float64 arrays (ggml's ne[0]
 // is the row length). Keys absent from the file take llama.cpp's defaults
@@ -31,7 +33,8 @@ namespace cellshard::test {
 struct float64_ref {
   const model::gguf::file& g;
   std::string a;  // "<architecture>." key prefix
-  bool qwen = false;
+  bool qwen = false;   // qwen2moe: shared expert, no renormalisation
+  bool neox = false;   // qwen2, qwen2moe: RoPE pairs (i, i + hs/2)
   int dim = 0, layers = 0, heads = 0, kv_heads = 0, hs = 0, vocab = 0;
   int hidden = 0;      // dense feed-forward width, or one expert's width
   int E = 0, K = 0;    // experts and experts used per token (0: dense)
@@ -44,6 +47,7 @@ struct float64_ref {
     const std::string arch = g.get_string("general.architecture").value();
     a = arch + ".";
     qwen = arch == "qwen2moe";
+    neox = qwen || arch == "qwen2";
     dim = static_cast<int>(g.get_int(a + "embedding_length").value());
     layers = static_cast<int>(g.get_int(a + "block_count").value());
     heads = static_cast<int>(g.get_int(a + "attention.head_count").value());
@@ -96,7 +100,7 @@ struct float64_ref {
         double ang = pos * std::pow(base, -2.0 * i / hs);
         if (factors != t.end()) ang /= factors->second[i];
         // llama (converted files): pairs (2i, 2i+1); NEOX: pairs (i, i + hs/2).
-        const size_t p0 = h0 + (qwen ? i : 2 * i), p1 = h0 + (qwen ? i + hs / 2 : 2 * i + 1);
+        const size_t p0 = h0 + (neox ? i : 2 * i), p1 = h0 + (neox ? i + hs / 2 : 2 * i + 1);
         const double x0 = v[p0], x1 = v[p1];
         v[p0] = x0 * std::cos(ang) - x1 * std::sin(ang);
         v[p1] = x0 * std::sin(ang) + x1 * std::cos(ang);
@@ -154,7 +158,7 @@ struct float64_ref {
       auto q = mv(T(p + "attn_q.weight"), 0, xb, dim);
       auto k = mv(T(p + "attn_k.weight"), 0, xb, kvd);
       auto v = mv(T(p + "attn_v.weight"), 0, xb, kvd);
-      if (qwen) {
+      if (t.count(p + "attn_q.bias")) {
         for (int i = 0; i < dim; ++i) q[i] += T(p + "attn_q.bias")[i];
         for (int i = 0; i < kvd; ++i) k[i] += T(p + "attn_k.bias")[i];
         for (int i = 0; i < kvd; ++i) v[i] += T(p + "attn_v.bias")[i];

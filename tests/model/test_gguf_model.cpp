@@ -1,12 +1,14 @@
 // GGUF models through the engine: the llama2.c fixtures from stories260K.gguf,
 // llama.cpp's greedy ids on llama2-small-f32.gguf, the F16/Q8_0 files against
 // their F32 source, llama.cpp's logits on llama2-small-q8_0.gguf under
-// --matmul ggml, and the model-level errors (architecture, shapes, types).
+// --matmul ggml, dense qwen2 (synthetic, against the float64 pass), and the
+// model-level errors (architecture, shapes, types, biases).
 #include "kernels/backend.hpp"
 #include "kernels/types.hpp"
 #include "model/generate.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_model.hpp"
+#include "model/synth.hpp"
 #include "model/transformer.hpp"
 #include "tests/model/float64_ref.hpp"
 #include "tests/model/greedy.hpp"
@@ -251,9 +253,29 @@ TEST_CASE("gguf model: bad models are clear errors", "[gguf][model][errors]") {
     CHECK((*r)->cfg().dim == 64);
   }
   SECTION("unsupported architecture") {
-    CHECK(load_error(rewrite(path, [](auto& w) { w.set_string("general.architecture", "qwen2"); })) ==
-          "edited.gguf: unsupported architecture qwen2 (general.architecture; cellshard runs "
-          "llama and qwen2moe)");
+    CHECK(load_error(rewrite(path, [](auto& w) { w.set_string("general.architecture", "phi3"); })) ==
+          "edited.gguf: unsupported architecture phi3 (general.architecture; cellshard runs "
+          "llama, qwen2 and qwen2moe)");
+    // qwen2 is known: its keys are read under its own prefix.
+    CHECK_THAT(load_error(rewrite(path, [](auto& w) { w.set_string("general.architecture", "qwen2"); })),
+               Catch::StartsWith("edited.gguf: missing key qwen2.embedding_length"));
+  }
+  SECTION("a bias the engine would not apply") {
+    const std::vector<uint8_t> zeros(64 * 4);
+    CHECK(load_error(rewrite(path, [&](auto& w) {
+            w.add_tensor("blk.0.attn_output.bias", {64}, model::gguf::ggml_type::f32, zeros);
+          })) == "edited.gguf: tensor blk.0.attn_output.bias is a bias cellshard does not apply "
+                 "(supported: attn_q.bias, attn_k.bias, attn_v.bias)");
+    CHECK(load_error(rewrite(path, [&](auto& w) {
+            w.add_tensor("blk.1.attn_k.bias", {64}, model::gguf::ggml_type::f32, zeros);
+          })) == "edited.gguf: tensor blk.1.attn_k.bias is present but blk.0.attn_q.bias is not: "
+                 "expected Q/K/V biases in every layer or in none");
+    // Layer 0's biases promise every layer's: a missing one is named.
+    CHECK(load_error(rewrite(path, [&](auto& w) {
+            w.add_tensor("blk.0.attn_q.bias", {64}, model::gguf::ggml_type::f32, zeros);
+            for (const char* b : {"blk.0.attn_k.bias", "blk.0.attn_v.bias"})  // kv_dim 32
+              w.add_tensor(b, {32}, model::gguf::ggml_type::f32, std::vector<uint8_t>(32 * 4));
+          })) == "edited.gguf: missing tensor blk.1.attn_q.bias");
   }
   SECTION("MoE keys on a dense file") {  // test_moe.cpp has the MoE files' own errors
     CHECK(load_error(rewrite(path, [](auto& w) {
@@ -495,4 +517,146 @@ TEST_CASE("gguf quantize: q8_0 matches llama.cpp's quantizer, q4_0 runs close to
   auto bad = model::quantize_gguf(*open_model("models/gguf/stories260K.gguf"), kernels::dtype::q6_k);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.message(), Catch::Contains("expected q8_0 or q4_0"));
+}
+
+namespace {
+// A dense qwen2 model shaped like a small Qwen2 (grouped-query attention, Q/K/V
+// biases, NEOX RoPE, Qwen2's epsilon 1e-6 and base 1e6), tok512's vocabulary.
+model::config tiny_qwen2(bool tied) {
+  model::config c;
+  c.arch = "qwen2";
+  c.dim = 64;
+  c.hidden_dim = 96;
+  c.n_layers = 2;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.vocab_size = 512;
+  c.seq_len = 64;
+  c.shared_classifier = tied;
+  c.rms_eps = 1e-6f;
+  c.rope_theta = 1000000.0f;
+  return c;
+}
+
+// The float64 pass's greedy continuation of `ids` (n ids) and the smallest
+// top-1 minus top-2 gap on the way.
+std::vector<int> float64_greedy(const model::gguf::file& g, std::vector<int> ids, int n, double* margin) {
+  test::float64_ref ref(g);
+  std::vector<int> gen;
+  *margin = 1e300;
+  const size_t np = ids.size();
+  for (size_t p = 0; p + 1 < np + n; ++p) {
+    auto l = ref.forward(ids[p], static_cast<int>(p));
+    if (p + 1 < np) continue;
+    const int best = static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
+    const double top = l[best];
+    l[best] = -1e300;
+    *margin = std::min(*margin, top - *std::max_element(l.begin(), l.end()));
+    gen.push_back(best);
+    ids.push_back(best);
+  }
+  return gen;
+}
+}  // namespace
+
+TEST_CASE("gguf model: dense qwen2 (Q/K/V biases, NEOX RoPE) follows the float64 pass",
+          "[gguf][model][qwen2]") {
+  for (bool tied : {true, false}) {
+    INFO((tied ? "tied classifier" : "untied classifier"));
+    const auto bytes = model::synth_gguf(tiny_qwen2(tied), 11);
+    auto f = model::model_file::from_bytes(bytes, "qwen2.gguf");
+    INFO((f.ok() ? std::string() : f.message()));
+    REQUIRE(f.ok());
+    const auto& c = (*f)->cfg();
+    CHECK(c.arch == "qwen2");
+    CHECK(c.qkv_bias);
+    CHECK_FALSE(c.moe());
+    CHECK(c.shared_classifier == tied);
+    CHECK(c.rms_eps == 1e-6f);
+    CHECK(c.rope_theta == 1000000.0f);
+    CHECK((*f)->moe_layer(1).bq != nullptr);
+    // Logits: every backend within 1e-4 of the largest float64 logit.
+    check_against_float64(bytes, {1, 403, 407, 261, 378, 24, 9, 77, 5, 300},
+                          {"reference", "blas", "spe", "native"});
+    // Greedy ids: exactly the float64 pass's (its margins far above f32 rounding).
+    auto g = model::gguf::file::from_bytes(bytes, "qwen2.gguf").value();
+    double margin = 0;
+    const std::vector<int> prompt = {1, 403, 407};
+    const auto want = float64_greedy(*g, prompt, 24, &margin);
+    WARN("qwen2 synth (" << (tied ? "tied" : "untied") << "): float64 smallest top-1/top-2 margin " << margin);
+    REQUIRE(margin > 1e-3);
+    for (const char* be : {"reference", "blas", "spe", "native"}) {
+      INFO(be);
+      CHECK(greedy(*f, prompt, 24, be) == want);
+    }
+  }
+  const auto bytes = model::synth_gguf(tiny_qwen2(true), 11);
+  auto f = model::model_file::from_bytes(bytes, "qwen2.gguf").value();
+  const std::vector<int> ids = {1, 403, 407, 261, 378, 24, 9, 77};
+  const auto base = logits_of(f, ids, kernels::matmul_mode::exact);
+  SECTION("the biases and the NEOX pairs each change the logits") {
+    // The same weights read as llama (adjacent RoPE pairs) differ after
+    // position 0; without the biases they differ everywhere.
+    auto g = model::gguf::file::from_bytes(bytes, "qwen2.gguf").value();
+    model::gguf::writer as_llama, no_bias;
+    for (const auto& k : g->keys()) {
+      std::string nk = k;
+      if (nk.rfind("qwen2.", 0) == 0) nk = "llama." + nk.substr(6);
+      as_llama.copy_value(nk, *g->find(k));
+      no_bias.copy_value(k, *g->find(k));
+    }
+    as_llama.set_string("general.architecture", "llama");
+    for (const auto& t : g->tensors()) {
+      std::vector<uint8_t> data(t.data, t.data + t.bytes);
+      as_llama.add_tensor(t.name, t.ne, t.type, data);
+      if (t.name.find(".bias") == std::string::npos) no_bias.add_tensor(t.name, t.ne, t.type, data);
+    }
+    const auto l = logits_of(model::model_file::from_bytes(as_llama.bytes(), "as-llama.gguf").value(), ids,
+                             kernels::matmul_mode::exact);
+    CHECK(l[0] == base[0]);  // position 0: RoPE is the identity either way
+    CHECK(nmse(l, base) > 1e-4);
+    const auto nb = logits_of(model::model_file::from_bytes(no_bias.bytes(), "no-bias.gguf").value(), ids,
+                              kernels::matmul_mode::exact);
+    CHECK(nb[0] != base[0]);
+  }
+  SECTION("prefill in chunks is bit-identical to one position at a time") {
+    auto w = model::shard_weights::make(f, model::slice_spec::whole(f->cfg())).value();
+    const int V = f->cfg().vocab_size, n = static_cast<int>(ids.size());
+    for (const char* be : {"reference", "native"}) {
+      INFO(be);
+      model::engine one(w, *kernels::find_backend(be)), chunk(w, *kernels::find_backend(be));
+      chunk.set_batch_size(3);
+      std::vector<float> all(static_cast<size_t>(n) * V);
+      chunk.prefill(ids.data(), n, 0, all.data());
+      for (int p = 0; p < n; ++p) {
+        const float* l = one.forward(ids[p], p);
+        CHECK(std::vector<float>(l, l + V) == std::vector<float>(all.begin() + static_cast<size_t>(p) * V,
+                                                                 all.begin() + static_cast<size_t>(p + 1) * V));
+      }
+    }
+  }
+  SECTION("quantized by cellshard quantize (q8_0, q4_0): typed weights with the biases") {
+    for (auto type : {kernels::dtype::q8_0, kernels::dtype::q4_0}) {
+      auto img = model::quantize_gguf(*f, type);
+      REQUIRE(img.ok());
+      auto q = model::model_file::from_bytes(*img, "qwen2-q.gguf");
+      REQUIRE(q.ok());
+      CHECK((*q)->typed_layer(0).wq.type == type);
+      CHECK((*q)->moe_layer(0).bq != nullptr);  // biases stay F32
+      for (auto mode : {kernels::matmul_mode::exact, kernels::matmul_mode::ggml}) {
+        const double e = nmse(logits_of(*q, ids, mode), base);
+        WARN("qwen2 synth quantized to " << kernels::to_string(type) << ", --matmul "
+                                         << kernels::to_string(mode) << " vs F32: NMSE " << e);
+        CHECK(e < (type == kernels::dtype::q8_0 ? 1e-3 : 0.3));
+      }
+    }
+  }
+  SECTION("a byte-swapped qwen2 file gives the same logits (big-endian host path)") {
+    auto g = model::gguf::file::from_bytes(bytes, "qwen2.gguf").value();
+    model::load_options o;
+    o.force_swap = true;
+    auto swapped = model::model_file::from_bytes(test::gguf_swapped(*g), "swapped-qwen2.gguf", o);
+    REQUIRE(swapped.ok());
+    CHECK(logits_of(*swapped, ids, kernels::matmul_mode::exact) == base);
+  }
 }

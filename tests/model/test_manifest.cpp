@@ -1,7 +1,7 @@
 // Weight manifests (issue #17, model/manifest.hpp): a shard built from its
 // slice image alone (the manifest's bytes, nothing else of the file) computes
 // bit for bit what the shard built from the whole file computes, on llama2.c
-// and GGUF files (F32, q8_0, mixture of experts), for pipeline, tensor and
+// and GGUF files (F32, q8_0, mixture of experts, qwen2 biases), for pipeline, tensor and
 // vocabulary slices; a slice reads the bytes its layers hold (checked against
 // the llama2.c layout's own arithmetic); corruption and truncation are named.
 #include "model/manifest.hpp"
@@ -398,8 +398,10 @@ TEST_CASE("manifest: a file of the other byte order is sliced, digests of the fi
     REQUIRE(model::copy_slice_bytes(*m, (*q)->file_image(), 0, slice.size(), slice.data()));
     CHECK(slice == foreign);
   }
-  SECTION("GGUF") {
+  // qwen2 adds Q/K/V biases a slice must carry for each of its layers.
+  for (const char* arch : {"llama", "qwen2"}) DYNAMIC_SECTION("GGUF " << arch) {
     model::config gc;
+    gc.arch = arch;
     gc.dim = 64;
     gc.hidden_dim = 96;
     gc.n_layers = 2;
@@ -417,6 +419,7 @@ TEST_CASE("manifest: a file of the other byte order is sliced, digests of the fi
     REQUIRE(g);
     CHECK((*f)->swapped());
     CHECK_FALSE((*g)->swapped());
+    CHECK((*f)->cfg().qkv_bias == (std::string(arch) == "qwen2"));
     // The tensors are converted in place; file_image() keeps the file's bytes.
     REQUIRE((*f)->file_image() != nullptr);
     CHECK((*f)->file_image() != (*f)->image());
