@@ -1,11 +1,11 @@
 #include "actors/shard.hpp"
 
 #include "actors/data_plane.hpp"
+#include "actors/fault_env.hpp"
 #include "actors/links.hpp"
 #include "actors/worker.hpp"
 #include "kernels/backend.hpp"
 #include "model/moe.hpp"
-#include "supervision/fault_hooks.hpp"
 
 #include <caf/all.hpp>
 
@@ -242,17 +242,15 @@ struct shard_state {
   // Steps that arrived before the first wiring (none should: the runtime
   // confirms wiring before any step reaches a shard); handled once it comes.
   std::vector<caf::message> unwired;
-  std::unique_ptr<supervision::fault_hooks> hooks;
   std::unordered_map<uint64_t, session_state> sessions;
   std::set<uint64_t> closed;   // sessions ended here: late messages are dropped
   // Partials received before this shard reached that (layer, phase):
   // key (session, epoch, pos0, layer, phase) -> per rank.
   std::map<std::tuple<uint64_t, uint32_t, int32_t, int32_t, int32_t>, std::vector<blob>> partials;
-  std::vector<activation> slowed;  // steps held back by a `slow` fault
-  // Its links to other nodes: the node's shaper inside the link faults'
-  // wrapper (actors/links.hpp), armed by step_faults.
-  std::unique_ptr<faulty_links> links;
-  caf::actor_clock::time_point partitioned_until{};  // fault `partition`
+  // The fault plan around this shard and its links to other nodes (the
+  // node's shaper inside the link faults' wrapper): actors/fault_env.hpp.
+  // Set when the actor starts, never null after.
+  std::unique_ptr<fault_env> faults;
   // Link probes run in their own actor (actors/links.hpp); the shard only
   // hands them over.
   caf::actor prober;
@@ -385,7 +383,7 @@ void deliver(shard_actor* self, const caf::actor& to, int32_t node, T msg) {
     self->send(to, std::move(msg));
     return;
   }
-  const auto verdict = st.links->send(node, bytes);
+  const auto verdict = st.faults->links().send(node, bytes);
   if (verdict.drop) return;
   if (verdict.corrupt) corrupt_payload(*payload_of(msg));
   const auto delay = verdict.delay;
@@ -638,7 +636,7 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
   const auto& prog = st.program;
   if (!st.init.node) return false;
   const auto& dp = st.init.node->data;
-  if (!dp || !st.fused->enabled || st.hooks || st.links->armed() || !st.init.node->shaper ||
+  if (!dp || !st.fused->enabled || st.faults->injects() || st.faults->links_armed() || !st.init.node->shaper ||
       st.init.node->shaper->shaped())
     return false;
   std::vector<fused_op> ops;
@@ -1498,50 +1496,6 @@ void drop_session(shard_actor* self, uint64_t session) {
   if (st.closed.size() > 4096) st.closed.erase(st.closed.begin());
 }
 
-/// The fault plan at positions [pos0, pos0 + count) -- a stage's step or an
-/// expert node's request: reports what fired to the coordinator and applies
-/// the link faults. Returns false when the work must not run (the hooks
-/// crashed or silenced the actor, or a partition began); `slow` is then set
-/// when it must instead be held back for that long (the caller holds it).
-bool step_faults(shard_actor* self, int32_t pos0, int32_t count, std::chrono::milliseconds& slow) {
-  auto& st = self->state;
-  slow = std::chrono::milliseconds{0};
-  const auto fx = st.hooks->on_step(static_cast<uint64_t>(pos0), static_cast<uint64_t>(pos0 + count));
-  const int64_t now_ns = clock_type::now().time_since_epoch().count();
-  for (const auto& f : fx.fired)
-    if (st.init.coordinator)
-      self->send(st.init.coordinator,
-                 fault_report{supervision::to_string(f.kind), st.init.index, st.init.node->index,
-                              static_cast<int64_t>(f.step), now_ns, supervision::to_string(f)});
-  if (fx.crash || fx.silence) return false;  // the hooks quit or silenced the actor
-  if (fx.drop > 0) st.links->drop_next(fx.drop);
-  if (fx.corrupt > 0) st.links->corrupt_next(fx.corrupt);
-  if (fx.delay_count > 0) st.links->delay_next(fx.delay, fx.delay_count);
-  if (fx.partition) {
-    // Unreachable for a while: nothing in or out, heartbeats included.
-    const auto d = fx.partition_for ? caf::timespan(*fx.partition_for) : caf::timespan(std::chrono::hours(24 * 365));
-    st.partitioned_until = self->clock().now() + d;
-    if (st.init.heartbeat) self->send(st.init.heartbeat, supervision::hb_silence_atom::value, d);
-    return false;
-  }
-  slow = fx.slow;
-  return fx.slow.count() <= 0;
-}
-
-/// Applies the fault plan at a normal step; false when the step must not run
-/// now (crashed, silenced, partitioned, or held back by `slow`).
-bool faults_allow(shard_actor* self, activation& a) {
-  auto& st = self->state;
-  if (!st.hooks || a.replay_until >= 0) return true;
-  std::chrono::milliseconds slow{0};
-  if (step_faults(self, a.id.pos0, a.id.count, slow)) return true;
-  if (slow.count() > 0) {
-    st.slowed.push_back(std::move(a));
-    self->delayed_send(self, slow, resume_atom::value);
-  }
-  return false;
-}
-
 /// A step message that came before the shard's first wiring waits for it
 /// (bounded: beyond 4096 the step is dropped, and the session re-sends it).
 void hold_until_wired(shard_actor* self, caf::message m) {
@@ -1611,34 +1565,18 @@ void expert_down(shard_actor* self, const caf::down_msg& dm) {
   }
 }
 
-/// Expert node: the fault plan at a request (as faults_allow at a step);
-/// false when the request must not be served now.
-bool expert_faults_allow(shard_actor* self, expert_req& r) {
-  auto& st = self->state;
-  if (!st.hooks || r.held) return true;
-  std::chrono::milliseconds slow{0};
-  if (step_faults(self, r.id.pos0, r.id.count, slow)) return true;
-  if (slow.count() > 0) {
-    r.held = true;
-    self->delayed_send(self, slow, std::move(r));
-  }
-  return false;
-}
-
 caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   auto& st0 = self->state;
   st0.init = std::move(init);
   st0.worker = std::make_unique<compute_worker>("shard-" + std::to_string(st0.init.index));
-  if (st0.init.faults) {
-    st0.hooks = std::make_unique<supervision::fault_hooks>(
-        self, static_cast<uint32_t>(st0.init.index), st0.init.faults);
-    st0.hooks->set_heartbeat_sender(st0.init.heartbeat);
-  }
+  st0.faults = std::make_unique<fault_env>(
+      self,
+      fault_env::identity{st0.init.index, st0.init.node ? st0.init.node->index : 0, st0.init.heartbeat,
+                          st0.init.coordinator},
+      st0.init.faults, st0.init.node ? st0.init.node->shaper : nullptr);
   self->attach_functor([node = st0.init.node, bytes = st0.init.weights->bytes()] {
     node->release(bytes);
   });
-  st0.links = std::make_unique<faulty_links>(
-      std::make_unique<shaped_links>(st0.init.node ? st0.init.node->shaper : std::make_shared<link_shaper>()));
   st0.prober = spawn_link_prober(*self, st0.init.node ? st0.init.node->index : 0,
                                  st0.init.node ? st0.init.node->shaper : std::make_shared<link_shaper>());
   if (st0.init.node && st0.init.node->data) {  // partial sums from other daemons' sockets
@@ -1651,11 +1589,8 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
     dp->attach(caf::actor_cast<caf::actor>(self), [router](partial_sum& p) { return router->take(p, true); });
     self->attach_functor([dp, id = self->id()] { dp->detach(id); });
   }
-  // A silenced shard behaves like a frozen node: it handles nothing.
-  auto silent = [self] {
-    auto& st = self->state;
-    return (st.hooks && st.hooks->silenced()) || self->clock().now() < st.partitioned_until;
-  };
+  // A silenced or partitioned shard behaves like a frozen node: it handles nothing.
+  auto silent = [self] { return self->state.faults->silent(); };
   self->set_down_handler([self](caf::down_msg& dm) { expert_down(self, dm); });
   caf::message_handler own{
       [=](wire_atom, wiring w) -> caf::result<void> {
@@ -1722,14 +1657,12 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
                  true);
           return;
         }
-        if (!faults_allow(self, a)) return;
+        if (!self->state.faults->admit(a)) return;
         start_step(self, a);
       },
+      // A step a slow fault held back may run now (fault_env::admit).
       [=](resume_atom) {
-        if (silent() || self->state.slowed.empty()) return;
-        activation a = std::move(self->state.slowed.front());
-        self->state.slowed.erase(self->state.slowed.begin());
-        start_step(self, a);
+        if (auto a = self->state.faults->resume()) start_step(self, *a);
       },
       [=](partial_sum& p) {
         if (silent()) return;
@@ -1877,7 +1810,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
                  "expert request to placement index " + std::to_string(st.init.index) + ": " + why);
           return;
         }
-        if (!expert_faults_allow(self, r)) return;
+        if (!st.faults->admit(r)) return;
         st.expert_pairs += r.pair_row.size();
         post_expert(self, std::move(r));
       },
@@ -2037,8 +1970,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
             it->second.id.epoch == epoch && it->second.id.pos0 == pos0)
           working = 1;
         if (st.expert_jobs.count(std::make_tuple(session, epoch, pos0))) working = 1;
-        for (const auto& a : st.slowed)
-          if (a.id.session == session && a.id.epoch == epoch && a.id.pos0 == pos0) working = 1;
+        if (st.faults->holds(session, epoch, pos0)) working = 1;  // held back by a slow fault
         if (st.classifying.count({session, pos0})) working = 1;
         auto d = st.last_due.find(session);
         return {working, d == st.last_due.end() ? int64_t{0} : d->second};
@@ -2075,7 +2007,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         return s;
       },
   };
-  if (st0.hooks) return own.or_else(st0.hooks->handler());
+  if (st0.faults->injects()) return own.or_else(st0.faults->handler());
   return own;
 }
 
