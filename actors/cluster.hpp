@@ -138,9 +138,15 @@ public:
 
   const topologies::placement& placement() const;
   /// Every fault that fired so far, with detection and recovery times.
+  /// Asks the coordinator, which owns the records, and waits for its answer
+  /// for at most 5 s (it answers after every report already in its mailbox:
+  /// a session's reports precede its on_done, so a run's faults are all
+  /// there once generate returns). After shutdown, or without an answer in
+  /// time, the last answer stands. Blocks the caller: not for an actor.
   std::vector<fault_record> faults() const;
   /// Nodes the heartbeat detector suspected that then answered a probe (or
-  /// heartbeated again): not restarted, not in faults() (issue #20).
+  /// heartbeated again): not restarted, not in faults() (issue #20). Asked
+  /// as faults() is (the same answer, the same bound).
   std::vector<suspicion_info> suspicions() const;
   /// Measures every link the placement uses (probe bursts through the
   /// shapers: a tiny message for latency, then back-to-back 16 KiB messages

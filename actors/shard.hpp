@@ -57,6 +57,10 @@ struct shard_init {
   std::shared_ptr<const model::shard_weights> weights;
   const kernels::backend* backend = nullptr;
   std::shared_ptr<node_state> node;
+  /// Tests on CAF's test_coordinator only: kernels run inside the shard's
+  /// handler (compute_worker's inline mode), so every message order is the
+  /// test coordinator's. Never set by the runtime.
+  bool compute_inline = false;
 };
 
 /// Spawns a shard; send it a `wiring` (with wire_atom) before any step.

@@ -9,8 +9,9 @@
 
 namespace cellshard::actors {
 
-compute_worker::compute_worker(std::string name, int nice_increment) : name_(std::move(name)) {
-  thread_ = std::thread([this, nice_increment] { loop(nice_increment); });
+compute_worker::compute_worker(std::string name, int nice_increment, bool inline_jobs)
+    : inline_(inline_jobs), name_(std::move(name)) {
+  if (!inline_) thread_ = std::thread([this, nice_increment] { loop(nice_increment); });
 }
 
 compute_worker::~compute_worker() {
@@ -24,6 +25,16 @@ compute_worker::~compute_worker() {
 }
 
 void compute_worker::post(job j) {
+  if (inline_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++running_;
+    }
+    j(cancelled_);
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_;
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cancelled_) return;

@@ -27,6 +27,12 @@
 //
 // Thread safety: post() may be called from any thread; the destructor must
 // not run on the worker thread itself.
+//
+// Inline mode (tests on CAF's test_coordinator only, shard_init::
+// compute_inline): no thread; post() runs the job at once on the caller's
+// thread -- the shard's handler -- so its result message enters the shard's
+// mailbox in an order the test coordinator decides alone. A runtime never
+// uses it: kernels would then run on CAF's threads.
 #pragma once
 
 #include <atomic>
@@ -46,7 +52,7 @@ public:
   /// A job; `cancelled` becomes true when the worker is being destroyed.
   using job = std::function<void(const std::atomic<bool>& cancelled)>;
 
-  explicit compute_worker(std::string name, int nice_increment = 2);
+  explicit compute_worker(std::string name, int nice_increment = 2, bool inline_jobs = false);
   ~compute_worker();
   compute_worker(const compute_worker&) = delete;
   compute_worker& operator=(const compute_worker&) = delete;
@@ -62,6 +68,7 @@ private:
   std::condition_variable cv_;
   std::deque<job> jobs_;
   std::size_t running_ = 0;
+  bool inline_ = false;
   std::atomic<bool> cancelled_{false};
   std::string name_;
   std::thread thread_;
