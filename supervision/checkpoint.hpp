@@ -207,8 +207,8 @@ public:
     auto c = restore(key, at_most);
     if (!c) return c.err();
     auto v = from_bytes<T>(c->payload);
-    if (!v) return make_error("checkpoint '" + key + "' end " + std::to_string(c->end) + ": " +
-                              v.message());
+    if (!v) return cellshard::make_error("checkpoint '" + key + "' end " + std::to_string(c->end) + ": " +
+                                         v.message());
     return std::make_pair(c->end, std::move(*v));
   }
 
@@ -226,7 +226,7 @@ public:
       auto s = os.str();
       return bytes(s.begin(), s.end());
     } catch (const std::exception& e) {
-      return make_error(std::string("cannot serialise payload: ") + e.what());
+      return cellshard::make_error(std::string("cannot serialise payload: ") + e.what());
     }
   }
 
@@ -239,7 +239,7 @@ public:
       ar(value);
       return value;
     } catch (const std::exception& e) {
-      return make_error(std::string("cannot deserialise payload: ") + e.what());
+      return cellshard::make_error(std::string("cannot deserialise payload: ") + e.what());
     }
   }
 
