@@ -1,5 +1,7 @@
 #include "actors/recovery.hpp"
 
+#include "actors/coordinator.hpp"
+
 #include "base/parse.hpp"
 #include "topologies/replacement.hpp"
 
@@ -17,55 +19,16 @@
 
 namespace cellshard::actors {
 
-namespace coord_msg {
-
-/// A stage supervisor's factory asks the coordinator to start one
-/// incarnation of placement index `idx` (child_spec::start_async): the
-/// coordinator chooses the node and spawns; `done` gets the shard, or an
-/// invalid handle when no node can take it. In process only.
-struct start_request {
-  int idx = -1;
-  uint64_t incarnation = 0;
-  caf::error last_reason;  // why the previous incarnation ended
-  supervision::start_done done;
-};
-
-/// A host's spawn of attempt `attempt` on `node` ended (from any thread).
-struct spawn_outcome {
-  uint64_t attempt = 0;
-  int node = -1;
-  caf::actor shard;   // invalid on failure
-  std::string error;  // the host's error when `shard` is invalid
-};
-
-}  // namespace coord_msg
-
-}  // namespace cellshard::actors
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::coord_msg::start_request)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(cellshard::actors::coord_msg::spawn_outcome)
-
-namespace cellshard::actors {
-
 namespace {
 
+using coord_msg::ready_atom;
+using coord_msg::setup_atom;
 using coord_msg::spawn_outcome;
+using coord_msg::stages_atom;
 using coord_msg::start_request;
+using coord_msg::stop_atom;
 using clock_type = std::chrono::steady_clock;
-using join_atom = caf::atom_constant<caf::atom("cs_join")>;
-using leave_atom = caf::atom_constant<caf::atom("cs_leave")>;
-using recovered_atom = caf::atom_constant<caf::atom("cs_recov")>;
 using reprobe_atom = caf::atom_constant<caf::atom("cs_reprobe")>;
-/// (setup, heartbeat senders by node): answered once stored; before any start.
-using setup_atom = caf::atom_constant<caf::atom("cs_setup")>;
-/// (ready): answered with "" once every shard runs, or with the first
-/// start's error.
-using ready_atom = caf::atom_constant<caf::atom("cs_ready")>;
-/// (stages, stage supervisors by stage): for the detector's verdicts.
-using stages_atom = caf::atom_constant<caf::atom("cs_stages")>;
-/// (stop): kill the shards, publish a view without handles, quit once no
-/// spawn is outstanding.
-using stop_atom = caf::atom_constant<caf::atom("cs_stop")>;
 /// (quit): the last spawns did not end in time after (stop).
 using quit_atom = caf::atom_constant<caf::atom("cs_quit")>;
 
@@ -649,6 +612,11 @@ caf::behavior coordinator(coordinator_actor* self, std::shared_ptr<const runtime
 
 }  // namespace
 
+caf::actor spawn_coordinator(caf::actor_system& sys, std::shared_ptr<const runtime_config> cfg,
+                             std::shared_ptr<runtime_board> board) {
+  return sys.spawn(coordinator, std::move(cfg), std::move(board));
+}
+
 wiring wiring_of(const topologies::placement& plan, const std::vector<int>& node_of,
                  const std::vector<caf::actor>& actor_of, int index) {
   const auto& sh = plan.shards[static_cast<size_t>(index)];
@@ -697,7 +665,7 @@ result<runtime> start_runtime(caf::actor_system& sys, std::shared_ptr<const runt
                               std::chrono::milliseconds deadline) {
   const auto& plan = cfg->plan;
   runtime rt;
-  rt.coordinator = sys.spawn(coordinator, cfg, rt.board);
+  rt.coordinator = spawn_coordinator(sys, cfg, rt.board);
   auto fail = [&](std::string why) -> result<runtime> {
     stop_runtime(sys, rt);
     return make_error(std::move(why));

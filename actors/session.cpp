@@ -1,5 +1,6 @@
 #include "actors/session.hpp"
 
+#include "actors/coordinator.hpp"
 #include "actors/messages.hpp"
 #include "model/checkpoint.hpp"
 #include "model/generation.hpp"
@@ -21,9 +22,6 @@ namespace cellshard::actors {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-using join_atom = caf::atom_constant<caf::atom("cs_join")>;
-using leave_atom = caf::atom_constant<caf::atom("cs_leave")>;
-using recovered_atom = caf::atom_constant<caf::atom("cs_recov")>;
 
 struct session_state {
   session_spec spec;
