@@ -7,6 +7,7 @@
 #include "kernels/backend.hpp"
 #include "model/checkpoint.hpp"
 #include "model/manifest.hpp"
+#include "model/large_buffer.hpp"
 #include "model/slice_cache.hpp"
 #include "model/tokenizer.hpp"
 #include "model/transformer.hpp"
@@ -316,19 +317,23 @@ caf::result<shard_spawned> acquire_and_spawn(daemon_actor* self, shard_spawn& s)
     struct stat sb;
     if (path && ::stat(path->c_str(), &sb) == 0) {
       uint64_t read = 0;
-      auto bytes = model::read_slice_file(*m, *path, &read);
-      if (!bytes) {
-        out.error = "model differs: its " + m->model_name + " in " + st.opts.models_dir + ": " + bytes.message();
-        return out;
-      }
-      auto ok = model::verify_slice(*m, bytes->data(), bytes->size(), "its " + m->model_name + " in " + st.opts.models_dir);
-      if (!ok) {
-        out.error = "model differs: " + ok.message() + " (the front end's manifest)";
+      auto failure = model::slice_file_failure::none;
+      model::load_options lo;
+      lo.ctx = s.ctx;
+      auto f = model::open_slice_file(*m, *path, "its " + m->model_name + " in " + st.opts.models_dir, lo, &read,
+                                      &failure);
+      if (!f) {
+        if (failure == model::slice_file_failure::model)
+          out.error = who(s) + ": " + f.message();
+        else
+          out.error = "model differs: " + f.message() +
+                      (failure == model::slice_file_failure::digest ? " (the front end's manifest)" : "");
         return out;
       }
       out.source = "models";
       out.bytes_read = read;
-      return spawn_from_slice(self, s, *m, *bytes, out, arrived);
+      st.loaded[{m->digest(), s.ctx}] = *f;
+      return do_spawn(self, s, slice_source{*f, out, arrived});
     }
   }
   // 4. Shipped by the front end: it pushes the chunks, then asks again.
@@ -370,7 +375,7 @@ caf::result<shard_spawned> acquire_and_spawn(daemon_actor* self, shard_spawn& s)
   if (pit == st.pending.end()) {
     pending_slice p;
     p.m = *m;
-    p.bytes.resize(m->bytes());
+    p.bytes = model::large_buffer(m->bytes());
     p.have.assign((m->bytes() + st.opts.chunk_bytes - 1) / st.opts.chunk_bytes, false);
     p.started = arrived;
     p.asked = clk::now();

@@ -3,12 +3,14 @@
 #include "base/parse.hpp"
 
 #include "model/gguf.hpp"
+#include "model/large_buffer.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <sstream>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -395,6 +397,29 @@ result<void> copy_slice_bytes(const manifest& m, const uint8_t* file, uint64_t a
   return {};
 }
 
+namespace {
+
+/// Huge pages only where the slice covers whole 2 MiB runs of the sparse
+/// image (contiguous entries merged): a strided column slice keeps only its
+/// own 4 KiB pages resident (the memory budgets count slice bytes).
+void advise_slice_runs(const manifest& m, uint8_t* image) {
+  uint64_t run_begin = 0, run_end = 0;
+  for (const auto& e : m.entries) {
+    const bool contiguous = e.count <= 1 || e.stride == e.length;
+    const uint64_t b = e.offset, end = e.offset + (contiguous ? e.count * e.length : e.length);
+    if (contiguous && b == run_end && run_end > run_begin) {
+      run_end = end;
+      continue;
+    }
+    if (run_end > run_begin) advise_huge_pages(image + run_begin, run_end - run_begin);
+    run_begin = b;
+    run_end = contiguous ? end : b;  // a strided entry starts no run
+  }
+  if (run_end > run_begin) advise_huge_pages(image + run_begin, run_end - run_begin);
+}
+
+}  // namespace
+
 result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::string& path, uint64_t* bytes_read) {
   if (bytes_read) *bytes_read = 0;
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -405,7 +430,7 @@ result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::strin
     return make_error(path + ": " + std::to_string(static_cast<uint64_t>(sb.st_size)) + " bytes, expected " +
                       std::to_string(m.file_bytes) + " (the front end's " + m.model_name + ")");
   }
-  std::vector<uint8_t> out(m.bytes());
+  std::vector<uint8_t> out = large_buffer(m.bytes());
   uint8_t* p = out.data();
   for (const auto& e : m.entries)
     for (uint64_t i = 0; i < e.count; ++i) {
@@ -424,6 +449,73 @@ result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::strin
     }
   ::close(fd);
   return out;
+}
+
+result<std::shared_ptr<const model_file>> open_slice_file(const manifest& m, const std::string& path,
+                                                          const std::string& where, load_options opts,
+                                                          uint64_t* bytes_read, slice_file_failure* failure) {
+  if (bytes_read) *bytes_read = 0;
+  if (failure) *failure = slice_file_failure::read;
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return make_error(where + ": " + path + ": cannot open: " + std::strerror(errno));
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != m.file_bytes) {
+    ::close(fd);
+    return make_error(where + ": " + path + ": " + std::to_string(static_cast<uint64_t>(sb.st_size)) +
+                      " bytes, expected " + std::to_string(m.file_bytes) + " (the front end's " + m.model_name + ")");
+  }
+  std::string err;
+  slice_file_failure what = slice_file_failure::none;
+  uint64_t read_total = 0;
+  auto f = model_file::from_sparse(
+      m.file_bytes,
+      [&](uint8_t* image) {
+        advise_slice_runs(m, image);
+        for (const auto& e : m.entries)
+          for (uint64_t i = 0; i < e.count; ++i) {
+            const uint64_t at = e.offset + i * e.stride;
+            uint64_t done = 0;
+            while (done < e.length) {
+              const ssize_t r = ::pread(fd, image + at + done, e.length - done, static_cast<off_t>(at + done));
+              if (r <= 0) {
+                err = where + ": " + path + ": short read of " + e.name + " at byte " + std::to_string(at + done) +
+                      (r < 0 ? std::string(": ") + std::strerror(errno) : "");
+                what = slice_file_failure::read;
+                return;
+              }
+              done += static_cast<uint64_t>(r);
+            }
+            read_total += e.length;
+          }
+        // Every entry's digest, over its segments in place (before the
+        // loader parses, or a big-endian host converts, the image).
+        XXH3_state_t* st = XXH3_createState();
+        for (const auto& e : m.entries) {
+          XXH3_64bits_reset(st);
+          for (uint64_t i = 0; i < e.count; ++i) XXH3_64bits_update(st, image + e.offset + i * e.stride, e.length);
+          const uint64_t d = XXH3_64bits_digest(st);
+          if (d != e.digest) {
+            err = where + ": tensor " + e.name + " of " + m.model_name + " has digest " + format_digest(d) +
+                  ", expected " + format_digest(e.digest) + " (XXH3 of its " + std::to_string(e.bytes()) + " bytes)";
+            what = slice_file_failure::digest;
+            break;
+          }
+        }
+        XXH3_freeState(st);
+      },
+      m.model_name + " (slice " + m.key() + ")", opts);
+  ::close(fd);
+  if (bytes_read) *bytes_read = read_total;
+  if (!err.empty()) {
+    if (failure) *failure = what;
+    return make_error(err);
+  }
+  if (!f) {
+    if (failure) *failure = slice_file_failure::model;
+    return f.err();
+  }
+  if (failure) *failure = slice_file_failure::none;
+  return *f;
 }
 
 result<void> verify_slice(const manifest& m, const uint8_t* slice, uint64_t n, const std::string& where) {
@@ -450,6 +542,7 @@ result<std::shared_ptr<const model_file>> open_slice(const manifest& m, const ui
   return model_file::from_sparse(
       m.file_bytes,
       [&](uint8_t* image) {
+        advise_slice_runs(m, image);
         const uint8_t* p = slice;
         for (const auto& e : m.entries)
           for (uint64_t i = 0; i < e.count; ++i) {
@@ -458,6 +551,26 @@ result<std::shared_ptr<const model_file>> open_slice(const manifest& m, const ui
           }
       },
       m.model_name + " (slice " + m.key() + ")", opts);
+}
+
+void advise_huge_pages(void* p, uint64_t n) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t huge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + huge - 1) & ~(huge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) & ~(huge - 1);
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
+std::vector<uint8_t> large_buffer(uint64_t n) {
+  std::vector<uint8_t> v;
+  v.reserve(static_cast<size_t>(n));  // allocated, not yet touched
+  advise_huge_pages(v.data(), n);
+  v.resize(static_cast<size_t>(n));
+  return v;
 }
 
 }  // namespace cellshard::model

@@ -100,6 +100,22 @@ result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::strin
 /// of F"); the error names the first entry that differs with both digests.
 result<void> verify_slice(const manifest& m, const uint8_t* slice, uint64_t n, const std::string& where);
 
+/// What open_slice_file() found wrong (failure::none when it succeeded).
+enum class slice_file_failure { none, read, digest, model };
+
+/// The slice straight from a local copy of the file at `path` into the
+/// sparse model image: each of the manifest's ranges is read with pread to
+/// its own file offset (no slice image in between: one copy of each byte,
+/// huge pages where the slice covers whole 2 MiB runs, model/large_buffer.hpp),
+/// then every entry's digest is checked in place before the model is built.
+/// Gives what read_slice_file + verify_slice + open_slice give, with the same
+/// errors: `where` names the file in them ("its F in DIR"); `failure`
+/// (optional) says which step failed; `bytes_read` (optional) the bytes read.
+result<std::shared_ptr<const model_file>> open_slice_file(const manifest& m, const std::string& path,
+                                                          const std::string& where, load_options opts = {},
+                                                          uint64_t* bytes_read = nullptr,
+                                                          slice_file_failure* failure = nullptr);
+
 /// A model_file built from a verified slice image alone (see the top of this
 /// file); `opts` as model_file::open (ctx). Its digest() is of the sparse
 /// image, not of the file: compare manifests instead.

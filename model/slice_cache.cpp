@@ -1,5 +1,7 @@
 #include "model/slice_cache.hpp"
 
+#include "model/large_buffer.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -89,7 +91,7 @@ result<slice_cache::lookup> slice_cache::get(const manifest& m) {
     ::close(fd);
     return make_error(p + ": cannot stat: " + std::strerror(errno));
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(sb.st_size));
+  std::vector<uint8_t> bytes = large_buffer(static_cast<uint64_t>(sb.st_size));
   uint64_t done = 0;
   while (done < bytes.size()) {
     const ssize_t r = ::read(fd, bytes.data() + done, bytes.size() - done);

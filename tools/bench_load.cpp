@@ -2,7 +2,8 @@
 //   load.open_place  time and bytes read to open a model and build one
 //                    shard's weights (stage `--stage` of `--stages` pipeline
 //                    stages), from the slice alone (the manifest's bytes,
-//                    pread, verified, model::open_slice) against the whole
+//                    pread into the sparse image, verified in place:
+//                    model::open_slice_file) against the whole
 //                    file (mmap, the XXH64 of the whole file the fingerprint
 //                    used to need, shard_weights::make) in the same run.
 //                    Times are with the file in the page cache (both sides
@@ -84,14 +85,11 @@ void open_place_rows(const std::string& path, const load_bench_options& o, std::
   // The front end's manifest of that slice (not timed: the front end's work).
   auto m = model::make_manifest(**whole, spec, base_name(path));
   if (!m) throw cli_error("bench load: " + m.message());
-  // The slice alone: pread its ranges, verify, sparse image, build.
+  // The slice alone, as a daemon reads it from --models: pread its ranges
+  // into the sparse image, verify in place, build.
   t0 = clk::now();
   uint64_t read = 0;
-  auto bytes = model::read_slice_file(*m, path, &read);
-  if (!bytes) throw cli_error("bench load: " + bytes.message());
-  auto ok = model::verify_slice(*m, bytes->data(), bytes->size(), path);
-  if (!ok) throw cli_error("bench load: " + ok.message());
-  auto part = model::open_slice(*m, bytes->data(), bytes->size());
+  auto part = model::open_slice_file(*m, path, path, {}, &read);
   if (!part) throw cli_error("bench load: " + part.message());
   auto w2 = model::shard_weights::make(*part, spec);
   if (!w2) throw cli_error("bench load: " + w2.message());

@@ -433,3 +433,70 @@ TEST_CASE("manifest: a file of the other byte order is sliced, digests of the fi
     }
   }
 }
+
+TEST_CASE("manifest: open_slice_file reads a slice straight into the model image, same bytes, same errors",
+          "[manifest]") {
+  // stories15m-shaped (60 MB): its embedding table and pipeline stages hold
+  // contiguous runs of many MiB (the huge-page runs), its tensor ranks strided
+  // columns of wo and w2.
+  auto c = model::synth_preset("stories15m");
+  REQUIRE(c);
+  const std::string dir = test::temp_dir("manifest-open-slice-file");
+  const std::string path = dir + "/synth.bin";
+  REQUIRE(model::synth_file(*c, 5, path));
+  auto f = model::model_file::open(path);
+  REQUIRE(f);
+  for (const auto& spec : specs_of(*c)) {
+    INFO("slice " << spec.to_string());
+    auto m = model::make_manifest(**f, spec, "synth.bin");
+    REQUIRE(m);
+    uint64_t read_a = 0, read_b = 0;
+    auto bytes = model::read_slice_file(*m, path, &read_a);
+    REQUIRE(bytes);
+    auto a = model::open_slice(*m, bytes->data(), bytes->size());
+    REQUIRE(a);
+    auto failure = model::slice_file_failure::read;
+    auto b = model::open_slice_file(*m, path, "its synth.bin", {}, &read_b, &failure);
+    INFO((b ? std::string() : b.message()));
+    REQUIRE(b);
+    CHECK(failure == model::slice_file_failure::none);
+    CHECK(read_b == read_a);
+    CHECK(read_b == m->bytes());
+    // The whole sparse image, slice bytes and zeros alike, is the same.
+    REQUIRE((*a)->file_bytes() == (*b)->file_bytes());
+    CHECK(std::memcmp((*a)->image(), (*b)->image(), (*a)->file_bytes()) == 0);
+  }
+  auto spec = model::slice_spec::whole(*c);
+  spec.layer_begin = 2;
+  auto m = model::make_manifest(**f, spec, "synth.bin");
+  REQUIRE(m);
+  // One byte of layer 3's wq changed in the node's copy: the digest error names it.
+  const std::string bad = dir + "/bad.bin";
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const model::manifest_entry* wq3 = nullptr;
+    for (const auto& e : m->entries)
+      if (e.name == "wq[3]") wq3 = &e;
+    REQUIRE(wq3 != nullptr);
+    all[wq3->offset + 100] ^= 0x40;
+    std::ofstream(bad, std::ios::binary) << all;
+  }
+  auto failure = model::slice_file_failure::none;
+  auto g = model::open_slice_file(*m, bad, "its synth.bin in /models", {}, nullptr, &failure);
+  REQUIRE_FALSE(g);
+  CHECK(failure == model::slice_file_failure::digest);
+  CHECK_THAT(g.message(), Catch::StartsWith("its synth.bin in /models: tensor wq[3] of synth.bin has digest 0x"));
+  // A truncated copy: the size is named.
+  const std::string shorter = dir + "/short.bin";
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    all.resize(all.size() - 10);
+    std::ofstream(shorter, std::ios::binary) << all;
+  }
+  auto t = model::open_slice_file(*m, shorter, "its synth.bin", {}, nullptr, &failure);
+  REQUIRE_FALSE(t);
+  CHECK(failure == model::slice_file_failure::read);
+  CHECK_THAT(t.message(), Catch::Contains("bytes, expected " + std::to_string(m->file_bytes)));
+}
