@@ -420,8 +420,11 @@ void advise_slice_runs(const manifest& m, uint8_t* image) {
 
 }  // namespace
 
-result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::string& path, uint64_t* bytes_read) {
-  if (bytes_read) *bytes_read = 0;
+namespace {
+
+/// The node's copy of the model at `path`, opened (the caller closes the
+/// descriptor), after checking its size against the manifest's file.
+result<int> open_model_copy(const manifest& m, const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return make_error(path + ": cannot open: " + std::strerror(errno));
   struct stat sb;
@@ -430,24 +433,48 @@ result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::strin
     return make_error(path + ": " + std::to_string(static_cast<uint64_t>(sb.st_size)) + " bytes, expected " +
                       std::to_string(m.file_bytes) + " (the front end's " + m.model_name + ")");
   }
+  return fd;
+}
+
+/// Reads segment `i` of entry `e` (e.length bytes at its file offset) into `dst`.
+result<void> pread_segment(int fd, const manifest_entry& e, uint64_t i, uint8_t* dst, const std::string& path) {
+  const uint64_t at = e.offset + i * e.stride;
+  uint64_t done = 0;
+  while (done < e.length) {
+    const ssize_t r = ::pread(fd, dst + done, e.length - done, static_cast<off_t>(at + done));
+    if (r <= 0)
+      return make_error(path + ": short read of " + e.name + " at byte " + std::to_string(at + done) +
+                        (r < 0 ? std::string(": ") + std::strerror(errno) : ""));
+    done += static_cast<uint64_t>(r);
+  }
+  return {};
+}
+
+/// The error for entry `e` whose bytes hash to `d` instead of e.digest.
+std::string digest_mismatch(const manifest& m, const manifest_entry& e, uint64_t d, const std::string& where) {
+  return where + ": tensor " + e.name + " of " + m.model_name + " has digest " + format_digest(d) + ", expected " +
+         format_digest(e.digest) + " (XXH3 of its " + std::to_string(e.bytes()) + " bytes)";
+}
+
+}  // namespace
+
+result<std::vector<uint8_t>> read_slice_file(const manifest& m, const std::string& path, uint64_t* bytes_read) {
+  if (bytes_read) *bytes_read = 0;
+  auto fd = open_model_copy(m, path);
+  if (!fd) return fd.err();
   std::vector<uint8_t> out = large_buffer(m.bytes());
   uint8_t* p = out.data();
   for (const auto& e : m.entries)
     for (uint64_t i = 0; i < e.count; ++i) {
-      uint64_t done = 0;
-      while (done < e.length) {
-        const ssize_t r = ::pread(fd, p + done, e.length - done, static_cast<off_t>(e.offset + i * e.stride + done));
-        if (r <= 0) {
-          ::close(fd);
-          return make_error(path + ": short read of " + e.name + " at byte " +
-                            std::to_string(e.offset + i * e.stride + done) + (r < 0 ? std::string(": ") + std::strerror(errno) : ""));
-        }
-        done += static_cast<uint64_t>(r);
+      auto ok = pread_segment(*fd, e, i, p, path);
+      if (!ok) {
+        ::close(*fd);
+        return ok.err();
       }
       p += e.length;
       if (bytes_read) *bytes_read += e.length;
     }
-  ::close(fd);
+  ::close(*fd);
   return out;
 }
 
@@ -456,14 +483,8 @@ result<std::shared_ptr<const model_file>> open_slice_file(const manifest& m, con
                                                           uint64_t* bytes_read, slice_file_failure* failure) {
   if (bytes_read) *bytes_read = 0;
   if (failure) *failure = slice_file_failure::read;
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return make_error(where + ": " + path + ": cannot open: " + std::strerror(errno));
-  struct stat sb;
-  if (::fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != m.file_bytes) {
-    ::close(fd);
-    return make_error(where + ": " + path + ": " + std::to_string(static_cast<uint64_t>(sb.st_size)) +
-                      " bytes, expected " + std::to_string(m.file_bytes) + " (the front end's " + m.model_name + ")");
-  }
+  auto fd = open_model_copy(m, path);
+  if (!fd) return make_error(where + ": " + fd.message());
   std::string err;
   slice_file_failure what = slice_file_failure::none;
   uint64_t read_total = 0;
@@ -473,17 +494,11 @@ result<std::shared_ptr<const model_file>> open_slice_file(const manifest& m, con
         advise_slice_runs(m, image);
         for (const auto& e : m.entries)
           for (uint64_t i = 0; i < e.count; ++i) {
-            const uint64_t at = e.offset + i * e.stride;
-            uint64_t done = 0;
-            while (done < e.length) {
-              const ssize_t r = ::pread(fd, image + at + done, e.length - done, static_cast<off_t>(at + done));
-              if (r <= 0) {
-                err = where + ": " + path + ": short read of " + e.name + " at byte " + std::to_string(at + done) +
-                      (r < 0 ? std::string(": ") + std::strerror(errno) : "");
-                what = slice_file_failure::read;
-                return;
-              }
-              done += static_cast<uint64_t>(r);
+            auto ok = pread_segment(*fd, e, i, image + e.offset + i * e.stride, path);
+            if (!ok) {
+              err = where + ": " + ok.message();
+              what = slice_file_failure::read;
+              return;
             }
             read_total += e.length;
           }
@@ -495,8 +510,7 @@ result<std::shared_ptr<const model_file>> open_slice_file(const manifest& m, con
           for (uint64_t i = 0; i < e.count; ++i) XXH3_64bits_update(st, image + e.offset + i * e.stride, e.length);
           const uint64_t d = XXH3_64bits_digest(st);
           if (d != e.digest) {
-            err = where + ": tensor " + e.name + " of " + m.model_name + " has digest " + format_digest(d) +
-                  ", expected " + format_digest(e.digest) + " (XXH3 of its " + std::to_string(e.bytes()) + " bytes)";
+            err = digest_mismatch(m, e, d, where);
             what = slice_file_failure::digest;
             break;
           }
@@ -504,7 +518,7 @@ result<std::shared_ptr<const model_file>> open_slice_file(const manifest& m, con
         XXH3_freeState(st);
       },
       m.model_name + " (slice " + m.key() + ")", opts);
-  ::close(fd);
+  ::close(*fd);
   if (bytes_read) *bytes_read = read_total;
   if (!err.empty()) {
     if (failure) *failure = what;
@@ -525,10 +539,7 @@ result<void> verify_slice(const manifest& m, const uint8_t* slice, uint64_t n, c
   uint64_t pos = 0;
   for (const auto& e : m.entries) {
     const uint64_t d = XXH3_64bits(slice + pos, e.bytes());
-    if (d != e.digest)
-      return make_error(where + ": tensor " + e.name + " of " + m.model_name + " has digest " + format_digest(d) +
-                        ", expected " + format_digest(e.digest) + " (XXH3 of its " + std::to_string(e.bytes()) +
-                        " bytes)");
+    if (d != e.digest) return make_error(digest_mismatch(m, e, d, where));
     pos += e.bytes();
   }
   return {};
