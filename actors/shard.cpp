@@ -1569,7 +1569,7 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
   auto& st0 = self->state;
   st0.init = std::move(init);
   st0.worker = std::make_unique<compute_worker>("shard-" + std::to_string(st0.init.index), 2,
-                                                st0.init.compute_inline);
+                                                st0.init.compute_inline, st0.init.gate);
   st0.faults = std::make_unique<fault_env>(
       self,
       fault_env::identity{st0.init.index, st0.init.node ? st0.init.node->index : 0, st0.init.heartbeat,

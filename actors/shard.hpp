@@ -27,6 +27,7 @@
 // posting order.
 #pragma once
 
+#include "actors/compute_gate.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
 #include "kernels/backend.hpp"
@@ -61,6 +62,11 @@ struct shard_init {
   /// handler (compute_worker's inline mode), so every message order is the
   /// test coordinator's. Never set by the runtime.
   bool compute_inline = false;
+  /// Tests only (actors/compute_gate.hpp): a latch the shard's worker
+  /// passes every job through, so a test can hold a step mid-compute and
+  /// probe the shard meanwhile. Null in a runtime (never set by cluster,
+  /// daemons or recovery).
+  std::shared_ptr<compute_gate> gate;
 };
 
 /// Spawns a shard; send it a `wiring` (with wire_atom) before any step.

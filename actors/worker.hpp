@@ -33,7 +33,14 @@
 // thread -- the shard's handler -- so its result message enters the shard's
 // mailbox in an order the test coordinator decides alone. A runtime never
 // uses it: kernels would then run on CAF's threads.
+//
+// Gate (tests only, actors/compute_gate.hpp): with a compute_gate given, the
+// thread passes every job through gate->hold() before running it, so a test
+// can hold a step mid-compute; the destructor opens the gate before joining.
+// Ignored in inline mode (holding there would block the test coordinator).
 #pragma once
+
+#include "actors/compute_gate.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -41,6 +48,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -52,7 +60,8 @@ public:
   /// A job; `cancelled` becomes true when the worker is being destroyed.
   using job = std::function<void(const std::atomic<bool>& cancelled)>;
 
-  explicit compute_worker(std::string name, int nice_increment = 2, bool inline_jobs = false);
+  explicit compute_worker(std::string name, int nice_increment = 2, bool inline_jobs = false,
+                          std::shared_ptr<compute_gate> gate = nullptr);
   ~compute_worker();
   compute_worker(const compute_worker&) = delete;
   compute_worker& operator=(const compute_worker&) = delete;
@@ -71,6 +80,7 @@ private:
   bool inline_ = false;
   std::atomic<bool> cancelled_{false};
   std::string name_;
+  std::shared_ptr<compute_gate> gate_;  // tests only; null in a runtime
   std::thread thread_;
 };
 
