@@ -1,5 +1,6 @@
 // topologies/placement.cpp: place(), the memory model and the placement table.
 #include "topologies/placement.hpp"
+#include "topologies/program.hpp"
 #include "base/parse.hpp"
 
 #include <algorithm>
@@ -808,8 +809,6 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index) {
                       plural(static_cast<int>(p.shards.size()), "shard", "shards") + ")");
   const shard& sh = p.shards[static_cast<size_t>(index)];
   const stage& sg = p.stages[static_cast<size_t>(sh.stage)];
-  const bool last = sh.stage + 1 == static_cast<int>(p.stages.size());
-  std::vector<shard_step> prog;
   // The stage's group (TP ranks; the stage shard alone under expert placement).
   auto group_of = [&](const stage& g) {
     std::vector<int> out;
@@ -817,77 +816,23 @@ result<std::vector<shard_step>> shard_program(const placement& p, int index) {
       if (!p.shards[static_cast<size_t>(i)].expert_node) out.push_back(i);
     return out;
   };
-  if (sh.expert_node) {
-    shard_step x;
-    x.op = shard_op::expert;
-    x.layers = sh.layers;
-    x.experts = sh.experts;
-    x.peers = group_of(sg);
-    prog.push_back(std::move(x));
-    return prog;
-  }
-  const std::vector<int> group = group_of(sg);
-  if (sh.has_embedding) {
-    shard_step e;
-    e.op = shard_op::embed;
-    e.peers = group;
-    prog.push_back(std::move(e));
-  }
-  if (!sg.expert_nodes.empty()) {
-    for (int l = sh.layers.begin; l < sh.layers.end; ++l) {
-      shard_step c;
-      c.op = shard_op::compute;
-      c.layers = range{l, l + 1};
-      c.part = layer_part::attention;
-      prog.push_back(c);
-      for (shard_op op : {shard_op::dispatch, shard_op::combine}) {
-        shard_step d;
-        d.op = op;
-        d.layers = range{l, l + 1};
-        d.part = layer_part::ffn;
-        d.peers = sg.expert_nodes;
-        d.holders = sg.holders;
-        prog.push_back(std::move(d));
-      }
-    }
-  } else if (group.size() == 1) {
-    shard_step c;
-    c.op = shard_op::compute;
-    c.layers = sh.layers;
-    c.part = layer_part::both;
-    prog.push_back(std::move(c));
-  } else {
-    for (int l = sh.layers.begin; l < sh.layers.end; ++l)
-      for (layer_part part : {layer_part::attention, layer_part::ffn}) {
-        shard_step c;
-        c.op = shard_op::compute;
-        c.layers = range{l, l + 1};
-        c.part = part;
-        c.partial = true;
-        prog.push_back(c);
-        shard_step r;
-        r.op = shard_op::reduce;
-        r.layers = range{l, l + 1};
-        r.part = part;
-        r.algorithm = p.options.reduce;
-        r.sync = p.options.sync;
-        r.peers = sg.shards;
-        prog.push_back(std::move(r));
-      }
-  }
-  if (!last && sh.rank == 0) {
-    shard_step f;
-    f.op = shard_op::forward;
-    f.peers = group_of(p.stages[static_cast<size_t>(sh.stage + 1)]);
-    prog.push_back(std::move(f));
-  }
-  if (last && sh.has_classifier) {
-    shard_step c;
-    c.op = shard_op::classify;
-    c.vocab = sh.vocab;
-    prog.push_back(std::move(c));
-  }
-  return prog;
+  shard_role r;
+  r.index = sh.index;
+  r.rank = sh.rank;
+  r.layers = sh.layers;
+  r.has_embedding = sh.has_embedding;
+  r.has_classifier = sh.has_classifier;
+  r.vocab = sh.vocab;
+  r.group = group_of(sg);
+  if (sh.stage + 1 < static_cast<int>(p.stages.size()))
+    r.next_group = group_of(p.stages[static_cast<size_t>(sh.stage + 1)]);
+  r.expert_node = sh.expert_node;
+  r.experts = sh.experts;
+  r.expert_nodes = sg.expert_nodes;
+  r.holders = sg.holders;
+  r.reduce = p.options.reduce;
+  r.sync = p.options.sync;
+  return program_of(r);
 }
 
 result<void> check_program(const shard& s, const std::vector<shard_step>& program) {

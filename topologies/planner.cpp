@@ -3,6 +3,7 @@
 // docs/planner.md.
 #include "topologies/planner.hpp"
 
+#include "topologies/program.hpp"
 #include "topologies/split.hpp"
 #include "base/parse.hpp"
 
@@ -381,6 +382,34 @@ std::string to_string(const plan_topology& t) {
   return "?";
 }
 
+// Placement index of rank 0 of station gi (stage-major numbering, as place()).
+int station_first(const plan_layout& l, int gi) {
+  int first = 0;
+  for (int k = 0; k < gi; ++k) first += l.groups[static_cast<size_t>(k)].tp;
+  return first;
+}
+
+// The program place() gives the shard at `rank` of station gi of a pipeline,
+// tensor or hybrid layout, from the model's shape alone (program.hpp).
+std::vector<shard_step> station_program(const plan_request& r, const plan_layout& l, int gi, int rank) {
+  const model_spec& m = r.model;
+  const int n = static_cast<int>(l.groups.size());
+  const plan_group& g = l.groups[static_cast<size_t>(gi)];
+  const int first = station_first(l, gi);
+  shard_role role;
+  role.index = first + rank;
+  role.rank = rank;
+  role.layers = range{g.first_layer, g.end_layer};
+  role.has_embedding = gi == 0 && rank == 0;
+  role.has_classifier = gi + 1 == n;
+  if (role.has_classifier) role.vocab = split_even(m.vocab, g.tp)[static_cast<size_t>(rank)];
+  for (int k = 0; k < g.tp; ++k) role.group.push_back(first + k);
+  if (gi + 1 < n)
+    for (int k = 0; k < l.groups[static_cast<size_t>(gi + 1)].tp; ++k) role.next_group.push_back(first + g.tp + k);
+  role.reduce = r.assume.scatter_gather ? reduce_algorithm::scatter_gather : reduce_algorithm::direct_rank_order;
+  return program_of(role);
+}
+
 chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
   const model_spec& m = r.model;
   const rates x = rates_of(r);
@@ -391,6 +420,12 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
   chain_costs out;
   double busiest_s = -1;
   const int n_groups = static_cast<int>(l.groups.size());
+  // Pipeline, tensor, hybrid: what each station's rank 0 does per position
+  // is read off its program, the list place() would give it (program.hpp).
+  std::vector<program_counts> counts;
+  if (!expert_topo)
+    for (int gi = 0; gi < n_groups; ++gi)
+      counts.push_back(count_program(station_program(r, l, gi, 0), station_first(l, gi), m.dim));
   for (int gi = 0; gi < n_groups; ++gi) {
     const plan_group& g = l.groups[static_cast<size_t>(gi)];
     const int T = g.tp;
@@ -398,14 +433,28 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
     const bool pool = expert_topo && (gi == 0 || gi == n_groups - 1);
     // The hop into the group.
     cost_terms hop;
-    if (gi == 0) {
+    if (!expert_topo) {
+      if (gi == 0) {
+        hop += message(x, 1, 4.0 * b);  // the token ids from the session
+        const program_counts& c = counts.front();  // the embed op: x to the rest of the group
+        if (c.embed_messages > 0) hop += message(x, c.embed_messages, static_cast<double>(c.embed_floats) * b * act);
+      } else {
+        const program_counts& prev = counts[static_cast<size_t>(gi - 1)];  // its forward op
+        double to = prev.forward_messages, floats = static_cast<double>(prev.forward_floats);
+        if (r.assume.peer_forwarding && l.groups[static_cast<size_t>(gi - 1)].tp == T) {
+          to = 1;  // what-if: rank i -> rank i, in parallel
+          floats = m.dim;
+        }
+        hop += message(x, to, floats * b * act);
+      }
+    } else if (gi == 0) {
       hop += message(x, 1, 4.0 * b);  // the token ids from the session
       if (!pool && T > 1) hop += message(x, T - 1, (T - 1) * xbytes);  // rank 0 broadcasts x
     } else {
       const int copies = pool ? 1 : T;  // a pool: the rows' owner gets x (classifier: every rank)
       int to = (pool && g.classifier) ? T : copies;
       const plan_group& prev = l.groups[static_cast<size_t>(gi - 1)];
-      const bool prev_pool = expert_topo && gi - 1 == 0;
+      const bool prev_pool = gi - 1 == 0;
       if (r.assume.peer_forwarding && !pool && !prev_pool && prev.tp == T) to = 1;  // rank i -> rank i, in parallel
       hop += message(x, to, to * xbytes);
     }
@@ -419,7 +468,11 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
       work.compute_s += node_time(x, read, flops);
       read_busiest += read;
     } else {
-      for (int layer = g.first_layer; layer < g.end_layer; ++layer) {
+      std::vector<int> layers;  // the station's layers: its program's (expert topology: the group's)
+      if (!expert_topo) layers = counts[static_cast<size_t>(gi)].layers;
+      else
+        for (int layer = g.first_layer; layer < g.end_layer; ++layer) layers.push_back(layer);
+      for (int layer : layers) {
         const double dense_p = rank_layer_params(m, layer, T);
         double read = dense_p * m.weight_bytes + rank_cache_read(m, layer, T, L, b);
         double flops = b * (2.0 * dense_p + attention_flops(m, layer, L) / T);
@@ -429,7 +482,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
         }
         work.compute_s += node_time(x, read, flops) * share;
         read_busiest += read;
-        if (T > 1) {
+        if (expert_topo && T > 1) {
           // Two all-reduces (after attention, after the FFN): each rank sends
           // its partial to the T-1 others (the runtime's direct exchange), or
           // 1/T of it to each, then its finished 1/T to each (scatter_gather).
@@ -462,14 +515,30 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           work += message(x, msgs, lat_bytes);
         }
       }
-      if (g.embedding) {
+      if (!expert_topo) {
+        // The program's reduce ops, round by round: each rank sends its
+        // partial to the T-1 others (direct), or a reduce-scatter and an
+        // all-gather round (scatter_gather; program.hpp reduce_rounds).
+        for (const reduce_round& rd : counts[static_cast<size_t>(gi)].rounds) {
+          cost_terms ar = message(x, rd.messages * share, static_cast<double>(rd.floats) * b * act);
+          ar.syncs = 1;
+          ar.sync_messages = ar.messages;  // a round's messages, not a hop's
+          ar.messages = 0;
+          ar.handled = 2.0 * rd.messages;  // the busiest rank sends T-1 and receives T-1
+          work += ar;
+        }
+      }
+      const bool embeds = expert_topo ? g.embedding : counts[static_cast<size_t>(gi)].embedding_rows > 0;
+      // Classifier rows of the busiest rank: its program's vocabulary slice.
+      const double rows = expert_topo ? (g.classifier ? m.vocab : 0) : counts[static_cast<size_t>(gi)].classifier_rows;
+      if (embeds) {
         const double read = b * m.dim * m.weight_bytes;
         work.compute_s += node_time(x, read, 0);
         read_busiest += read;
       }
-      if (g.classifier) {
-        const double read = static_cast<double>(m.vocab) * m.dim * m.weight_bytes;
-        work.compute_s += node_time(x, read, 2.0 * b * m.vocab * m.dim);
+      if (rows > 0) {
+        const double read = rows * m.dim * m.weight_bytes;
+        work.compute_s += node_time(x, read, 2.0 * b * rows * m.dim);
         read_busiest += read;
       }
     }
@@ -496,8 +565,14 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
   }
   // Back to the session: the logits (vocab f32 per sequence), from every
   // classifier node, received on the session's link; or a token id.
+  // Pipeline, tensor, hybrid: every rank of the last stage whose program
+  // classifies sends its slice.
   const plan_group& last = l.groups.back();
-  const int senders = expert_topo ? last.tp : 1;
+  int senders = expert_topo ? last.tp : 0;
+  if (!expert_topo)
+    for (int k = 0; k < last.tp; ++k)
+      senders += count_program(station_program(r, l, n_groups - 1, k), station_first(l, n_groups - 1) + k, m.dim)
+                     .logits_messages;
   out.return_hop = r.assume.logits_to_session ? message(x, senders, 4.0 * b * m.vocab) : message(x, 1, 4.0 * b);
   out.chain += out.return_hop;
   out.station_work.back().handled += out.return_hop.messages;
@@ -734,6 +809,30 @@ result<plan_result> plan(const plan_request& r) {
         next_copies = 1;
       }
       double sent = 0, recv = 0;
+      if (!expert_topo) {
+        // Rank 0's traffic from its program (program.hpp): embed, reduces,
+        // forward (or the what-if's one copy), its logits slice; it receives
+        // the token or x, and as much in its reduces as it sends.
+        const int gii = static_cast<int>(gi);
+        const auto prog = station_program(r, l, gii, 0);
+        const program_counts c = count_program(prog, station_first(l, gii), m.dim);
+        const double sync = static_cast<double>(c.reduce_floats) * act;
+        const double fwd = next_copies == 1 && c.forward_messages > 1 ? xv : static_cast<double>(c.forward_floats) * act;
+        recv = (gi == 0 ? 4 : xv) + sync;
+        sent = sync + static_cast<double>(c.embed_floats) * act + fwd;
+        if (gi + 1 == l.groups.size()) sent += a.logits_to_session ? 4.0 * static_cast<double>(c.logits_floats) : 4;
+        consider(sent, recv, g.role + (g.tp > 1 ? ", rank 0" : ""));
+        wire += sent;
+        // The other ranks: their reduces (rank 0's reduce ops name the whole
+        // group) and, on the last stage, their logits slices.
+        for (int k = 1; k < g.tp; ++k) {
+          for (const shard_step& st : prog)
+            for (const reduce_round& rd : reduce_rounds(st, k, m.dim)) wire += static_cast<double>(rd.floats) * act;
+          if (gi + 1 == l.groups.size() && a.logits_to_session)
+            wire += 4.0 * count_program(station_program(r, l, gii, k), station_first(l, gii) + k, m.dim).logits_floats;
+        }
+        continue;
+      }
       if (pool) {
         recv = g.classifier ? xv : 4;
         sent = g.classifier ? (a.logits_to_session ? 4.0 * ceil_div(m.vocab, g.tp) : 4) : next_copies * xv;

@@ -21,8 +21,11 @@
 // - pipeline[:S], tensor[:T], hybrid:PxT: as the runtime places a model
 //   (topologies/placement.hpp): stages of whole layers, a TP group slicing
 //   heads and FFN units (and every expert), embedding on rank 0 of the first
-//   stage, classifier on rank 0 of the last, which returns the logits to the
-//   session. All-reduces are the runtime's direct exchange (every rank sends
+//   stage, the classifier's rows split over the ranks of the last, each
+//   returning its slice of the logits to the session. The exchanges, layers
+//   and classifier rows of a station are read off the program place() gives
+//   its rank 0 (station_program, topologies/program.hpp count_program); the
+//   memory of check 1 still counts the whole classifier on rank 0. All-reduces are the runtime's direct exchange (every rank sends
 //   its partial dim-vector to each other rank: one round of T-1 messages of
 //   a vector), or with plan_assumptions::scatter_gather its reduce-scatter +
 //   all-gather (`--reduce scatter`, placement.hpp reduce_algorithm: two
@@ -51,6 +54,7 @@
 #include "model/result.hpp"
 #include "topologies/model_presets.hpp"
 #include "topologies/plan_hardware.hpp"
+#include "topologies/program.hpp"
 
 #include <string>
 #include <string_view>
@@ -284,6 +288,18 @@ struct chain_costs {
   double read_bytes_chain = 0;           // summed over the chain's stations (busiest rank each)
 };
 chain_costs chain_cost(const plan_request& r, const plan_layout& l, int micro_batch);
+
+/// The program (topologies/program.hpp program_of) that place() gives the
+/// shard at `rank` of station `station` of a pipeline, tensor or hybrid
+/// layout, built from the model's shape alone: placement indices stage-major
+/// as place() numbers them, the last stage's vocabulary split_even over its
+/// ranks, the reduce algorithm of assume.scatter_gather. chain_cost and
+/// check 3 read their messages, bytes, reduce rounds, layers, embedding and
+/// classifier rows from rank 0's (the busiest rank's) program of every
+/// station. Not for the expert topology (no placement builds it).
+std::vector<shard_step> station_program(const plan_request& r, const plan_layout& l, int station, int rank);
+/// Placement index of rank 0 of station `station` (the sum of the earlier stations' widths).
+int station_first(const plan_layout& l, int station);
 
 /// The six checks. Errors as lay_out.
 result<plan_result> plan(const plan_request& r);

@@ -230,11 +230,13 @@ TEST_CASE("check 3, links: the busiest link's bytes per token", "[planner][links
   CHECK(p.link_bound_tokens_per_s == Approx(gbe_Bps / 128000.0));
   // A TP group of 4 on stories260K: each rank sends 3 partials of 64 f32 per
   // all-reduce, two per layer, five layers; rank 0 also broadcasts x to 3
-  // ranks and returns 512 logits.
+  // ranks and returns its 128 of the 512 logits (every rank of the last
+  // stage classifies a quarter of the vocabulary, as its program says;
+  // before issue #15's programs the planner had rank 0 return all 512).
   const plan_result t = run(request("stories260k", "ps3", 4, "tensor", 1, 512));
   CHECK(t.hops == 1 + 1 + 5 * 2 + 1);
   const double sync = 2.0 * 5 * 3 * 64 * 4;
-  CHECK(t.link_bytes_per_token == std::max(sync + 3 * 64 * 4 + 512 * 4, 4 + sync));
+  CHECK(t.link_bytes_per_token == std::max(sync + 3 * 64 * 4 + 128 * 4, 4 + sync));
   // The same with the runtime's --reduce scatter: 2(T-1)/T = 1.5 vectors per
   // all-reduce instead of 3, in two rounds (two hops) each.
   plan_request sr = request("stories260k", "ps3", 4, "tensor", 1, 512);
@@ -242,7 +244,7 @@ TEST_CASE("check 3, links: the busiest link's bytes per token", "[planner][links
   const plan_result s = run(sr);
   CHECK(s.hops == 1 + 1 + 5 * 2 * 2 + 1);
   const double sync_sg = 2.0 * 5 * 1.5 * 64 * 4;
-  CHECK(s.link_bytes_per_token == std::max(sync_sg + 3 * 64 * 4 + 512 * 4, 4 + sync_sg));
+  CHECK(s.link_bytes_per_token == std::max(sync_sg + 3 * 64 * 4 + 128 * 4, 4 + sync_sg));
   CHECK(s.wire_bytes_per_token < t.wire_bytes_per_token);
 }
 
