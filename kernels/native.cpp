@@ -650,30 +650,41 @@ inline int q4_order_col(int p, int lane) {
 
 // x' for q4_avx512_rows: the columns of whole 4-block groups permuted
 // (x'[128 g + 16 p + L] = x[128 g + q4_order_col(p, L)]), the rest copied.
-void q4_order_x(const float* x, float* xp, int cols) {
-  static const auto table = [] {
-    std::array<uint8_t, 128> t{};
-    for (int p = 0; p < 8; ++p)
-      for (int l = 0; l < 16; ++l) t[static_cast<std::size_t>(16 * p + l)] = static_cast<uint8_t>(q4_order_col(p, l));
-    return t;
-  }();
+// Register p of a group takes lanes 4m + p/2 (m = 0..3) of the four 16-float
+// chunks 2k + (p & 1) of x (k = 0..3, lanes 4k..4k+3): two two-source
+// permutes (chunks 0, 1 and 2, 3 with the same indices) and a blend. Only
+// moves, so x' holds x's values bit for bit (the scalar loop before session
+// 12 was ~2% of a q4_0 decode's samples).
+CS_AVX512 void q4_order_x(const float* x, float* xp, int cols) {
   const int g4 = (cols / 32) / 4;
+  __m512i idx[4];
+  for (int h = 0; h < 4; ++h) {  // h = p / 2
+    alignas(64) int32_t t[16];
+    for (int l = 0; l < 16; ++l) t[l] = ((l / 4) & 1) * 16 + q4_order_col(2 * h, l) % 16;
+    idx[h] = _mm512_load_si512(t);
+  }
   for (int g = 0; g < g4; ++g) {
     const float* s = x + 128 * g;
     float* d = xp + 128 * g;
-    for (int i = 0; i < 128; ++i) d[i] = s[table[static_cast<std::size_t>(i)]];
+    __m512 c[8];
+    CS_UNROLL
+    for (int i = 0; i < 8; ++i) c[i] = _mm512_loadu_ps(s + 16 * i);
+    CS_UNROLL
+    for (int p = 0; p < 8; ++p) {
+      const int e = p & 1;
+      const __m512 lo = _mm512_permutex2var_ps(c[e], idx[p / 2], c[2 + e]);
+      const __m512 hi = _mm512_permutex2var_ps(c[4 + e], idx[p / 2], c[6 + e]);
+      _mm512_store_ps(d + 16 * p, _mm512_mask_blend_ps(0xFF00, lo, hi));
+    }
   }
   std::copy(x + 128 * g4, x + cols, xp + 128 * g4);
 }
 
-template <int NX>
-CS_AVX512 inline __m512 q4_xv(const __m512* xr, const float* const* xg, int j, int k) {
-  if constexpr (NX == 1) return xr[k];
-  else return _mm512_load_ps(xg[j] + 16 * k);
-}
-
+// always_inline: GCC 12 stopped inlining it once the NX == 1 branch grew
+// (perf showed it as a function of its own, its accumulators in memory).
 template <int NR, int NX>
-CS_AVX512 inline void q4_group_avx512(const char* const* p, const float* const* xg, __m512* a0, __m512* a1) {
+CS_AVX512 __attribute__((always_inline)) inline void q4_group_avx512(const char* const* p, const float* const* xg,
+                                                                     __m512* a0, __m512* a1) {
   // Words of the 72-byte group: block k's nibbles are words 9k+1..9k+8;
   // words 32..35 come from the second load (starting 8 bytes in) as its
   // words 28..31. Scales: words 0, 9, 18, 27, each for 4 lanes.
@@ -682,34 +693,67 @@ CS_AVX512 inline void q4_group_avx512(const char* const* p, const float* const* 
                                                 25, 26, 28, 29, 30, 31, 60, 61, 62, 63};
   alignas(64) static const uint16_t sidx[32] = {0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27};
   const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  // One vector: its 8 x' registers loaded once for the NR rows (as memory
-  // operands of every row's multiply-adds the kernel measured up to 8% slower
-  // beyond the caches with 16384 columns). Several: loaded per use.
-  __m512 xr[8];
   if constexpr (NX == 1) {
+    // One vector (matvec): the instructions go nibble position by nibble
+    // position across the NR rows (first every row's gather, then for each
+    // pair of positions every row's shifts, permutes and multiply-adds, last
+    // every row's scales), so that neighbouring instructions are independent
+    // and the out-of-order window holds work of all NR rows. Each row's
+    // operations and their order are those of the row alone (the NX > 1
+    // branch below), so the results are too, bit for bit. Measured against
+    // the row-by-row order (stand-alone driver, 1 thread, CPU time): 8-9%
+    // faster with the weights in L2, 2-6% beyond the caches (session 12).
+    __m512i v[NR];
+    __m512 t0[NR], t1[NR];
     CS_UNROLL
-    for (int k = 0; k < 8; ++k) xr[k] = _mm512_load_ps(xg[0] + 16 * k);
-  }
-  CS_UNROLL
-  for (int i = 0; i < NR; ++i) {
-    const __m512i lo = _mm512_loadu_si512(p[i]);
-    const __m512i v = _mm512_permutex2var_epi16(lo, _mm512_load_si512(gidx), _mm512_loadu_si512(p[i] + 8));
-    const __m512 s = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(sidx), lo)));
-    __m512 q[8];
-    q[0] = _mm512_permutexvar_ps(v, table);
-    CS_UNROLL
-    for (int k = 1; k < 8; ++k) q[k] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * k), table);
-    CS_UNROLL
-    for (int j = 0; j < NX; ++j) {
-      __m512 t0 = _mm512_mul_ps(q[0], q4_xv<NX>(xr, xg, j, 0));
-      __m512 t1 = _mm512_mul_ps(q[1], q4_xv<NX>(xr, xg, j, 1));
+    for (int i = 0; i < NR; ++i)
+      v[i] = _mm512_permutex2var_epi16(_mm512_loadu_si512(p[i]), _mm512_load_si512(gidx), _mm512_loadu_si512(p[i] + 8));
+    {
+      const __m512 x0 = _mm512_load_ps(xg[0]), x1 = _mm512_load_ps(xg[0] + 16);
       CS_UNROLL
-      for (int k = 2; k < 8; k += 2) {
-        t0 = _mm512_fmadd_ps(q[k], q4_xv<NX>(xr, xg, j, k), t0);
-        t1 = _mm512_fmadd_ps(q[k + 1], q4_xv<NX>(xr, xg, j, k + 1), t1);
+      for (int i = 0; i < NR; ++i) {
+        t0[i] = _mm512_mul_ps(_mm512_permutexvar_ps(v[i], table), x0);
+        t1[i] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v[i], 4), table), x1);
       }
-      a0[i * NX + j] = _mm512_fmadd_ps(s, t0, a0[i * NX + j]);
-      a1[i * NX + j] = _mm512_fmadd_ps(s, t1, a1[i * NX + j]);
+    }
+    CS_UNROLL
+    for (int k = 2; k < 8; k += 2) {
+      const __m512 xa = _mm512_load_ps(xg[0] + 16 * k), xb = _mm512_load_ps(xg[0] + 16 * k + 16);
+      CS_UNROLL
+      for (int i = 0; i < NR; ++i) {
+        t0[i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v[i], 4 * k), table), xa, t0[i]);
+        t1[i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v[i], 4 * k + 4), table), xb, t1[i]);
+      }
+    }
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const __m512 s =
+          _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(sidx), _mm512_loadu_si512(p[i]))));
+      a0[i] = _mm512_fmadd_ps(s, t0[i], a0[i]);
+      a1[i] = _mm512_fmadd_ps(s, t1[i], a1[i]);
+    }
+  } else {
+    CS_UNROLL
+    for (int i = 0; i < NR; ++i) {
+      const __m512i lo = _mm512_loadu_si512(p[i]);
+      const __m512i v = _mm512_permutex2var_epi16(lo, _mm512_load_si512(gidx), _mm512_loadu_si512(p[i] + 8));
+      const __m512 s = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(sidx), lo)));
+      __m512 q[8];
+      q[0] = _mm512_permutexvar_ps(v, table);
+      CS_UNROLL
+      for (int k = 1; k < 8; ++k) q[k] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * k), table);
+      CS_UNROLL
+      for (int j = 0; j < NX; ++j) {
+        __m512 t0 = _mm512_mul_ps(q[0], _mm512_load_ps(xg[j]));
+        __m512 t1 = _mm512_mul_ps(q[1], _mm512_load_ps(xg[j] + 16));
+        CS_UNROLL
+        for (int k = 2; k < 8; k += 2) {
+          t0 = _mm512_fmadd_ps(q[k], _mm512_load_ps(xg[j] + 16 * k), t0);
+          t1 = _mm512_fmadd_ps(q[k + 1], _mm512_load_ps(xg[j] + 16 * k + 16), t1);
+        }
+        a0[i * NX + j] = _mm512_fmadd_ps(s, t0, a0[i * NX + j]);
+        a1[i * NX + j] = _mm512_fmadd_ps(s, t1, a1[i * NX + j]);
+      }
     }
   }
 }
@@ -1665,6 +1709,104 @@ void attention_heads(int h0, int h1, dot_fn dot, axpy_fn axpy, float* out, const
   }
 }
 
+#if CS_X86
+// attention_heads at the avx512 level for head_size <= 128 (up to 8
+// registers of 16 lanes): the same floating-point operations in the same
+// order as attention_heads with dot_avx512 / axpy_avx512, so the same bits
+// (tests/kernels/native.cpp compares the two). What changes is the
+// overhead around them: q stays in registers for all positions (4 at a
+// time), and the head's output accumulates in registers over the positions
+// instead of being loaded and stored once per position by axpy. Measured
+// in a q4_0 decode of stories110m (perf, session 12): the two calls per
+// position and head were ~8% of the per-token samples.
+//
+// dot_avx512(q, k, n) with q in registers (NC = ceil(n / 16) of them, the
+// last zero-padded): s0 over 32-column steps (first 16), s1 (second 16),
+// then one more 16-column step into s0, then the masked tail into s1.
+// TAIL: n is not a multiple of 16 (the last register is the masked tail).
+template <int NC, bool TAIL>
+CS_AVX512 __attribute__((always_inline)) inline float dot_regs_avx512(const __m512* qv, const float* k,
+                                                                      __mmask16 tail) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  constexpr int full = TAIL ? NC - 1 : NC;  // whole 16-column chunks
+  CS_UNROLL
+  for (int c = 0; c < NC; ++c) {
+    if (c < full) {
+      if (c % 2 == 0 && c + 1 < full) s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), s0);
+      else if (c % 2 == 1) s1 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), s1);
+      else s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + 16 * c), s0);  // the lone 16-column step
+    } else {
+      s1 = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(tail, k + 16 * c), s1);  // masked tail
+    }
+  }
+  return hsum512(_mm512_add_ps(s0, s1));
+}
+template <int NC, bool TAIL>
+CS_AVX512 void attention_heads_avx512(int h0, int h1, float* out, const float* q, const float* k_cache,
+                                      const float* v_cache, float* att, int kv_mul, int head_size,
+                                      int kv_stride, int pos) {
+  const float scale = sqrtf(static_cast<float>(head_size));
+  const int rem = head_size % 16;
+  const __mmask16 tail = rem ? static_cast<__mmask16>((1u << rem) - 1u) : static_cast<__mmask16>(0xffff);
+  auto mask_of = [&](int c) { return (c == NC - 1) ? tail : static_cast<__mmask16>(0xffff); };
+  const std::size_t ks = static_cast<std::size_t>(kv_stride);
+  for (int h = h0; h < h1; ++h) {
+    const float* qh = q + h * head_size;
+    float* a = att + static_cast<std::size_t>(h) * (pos + 1);
+    const int kvo = (h / kv_mul) * head_size;
+    __m512 qv[NC];
+    CS_UNROLL
+    for (int c = 0; c < NC; ++c) qv[c] = _mm512_maskz_loadu_ps(mask_of(c), qh + 16 * c);
+    int t = 0;
+    for (; t + 4 <= pos + 1; t += 4) {
+      const float* k0 = k_cache + static_cast<std::size_t>(t) * ks + kvo;
+      const float d0 = dot_regs_avx512<NC, TAIL>(qv, k0, tail);
+      const float d1 = dot_regs_avx512<NC, TAIL>(qv, k0 + ks, tail);
+      const float d2 = dot_regs_avx512<NC, TAIL>(qv, k0 + 2 * ks, tail);
+      const float d3 = dot_regs_avx512<NC, TAIL>(qv, k0 + 3 * ks, tail);
+      a[t] = d0 / scale;
+      a[t + 1] = d1 / scale;
+      a[t + 2] = d2 / scale;
+      a[t + 3] = d3 / scale;
+    }
+    for (; t <= pos; ++t)
+      a[t] = dot_regs_avx512<NC, TAIL>(qv, k_cache + static_cast<std::size_t>(t) * ks + kvo, tail) / scale;
+    ref::softmax(a, pos + 1);
+    // axpy_avx512(xb, a[t], v_t) for t = 0..pos, xb starting at +0: per lane
+    // xb = fma(a[t], v_t, xb) in t order (masked tail: the same lanes).
+    __m512 acc[NC];
+    CS_UNROLL
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+    const float* vt = v_cache + kvo;
+    for (t = 0; t <= pos; ++t, vt += ks) {
+      const __m512 av = _mm512_set1_ps(a[t]);
+      CS_UNROLL
+      for (int c = 0; c < NC; ++c)
+        acc[c] = _mm512_fmadd_ps(av, TAIL && c == NC - 1 ? _mm512_maskz_loadu_ps(tail, vt + 16 * c) : _mm512_loadu_ps(vt + 16 * c),
+                                 acc[c]);
+    }
+    float* xb = out + h * head_size;
+    CS_UNROLL
+    for (int c = 0; c < NC; ++c) _mm512_mask_storeu_ps(xb + 16 * c, mask_of(c), acc[c]);
+  }
+}
+using attention_heads_fn = void (*)(int, int, float*, const float*, const float*, const float*, float*, int, int,
+                                    int, int);
+// The instance for head_size (1..128).
+attention_heads_fn attention_heads_avx512_for(int head_size) {
+  static constexpr attention_heads_fn whole[8] = {
+      attention_heads_avx512<1, false>, attention_heads_avx512<2, false>, attention_heads_avx512<3, false>,
+      attention_heads_avx512<4, false>, attention_heads_avx512<5, false>, attention_heads_avx512<6, false>,
+      attention_heads_avx512<7, false>, attention_heads_avx512<8, false>};
+  static constexpr attention_heads_fn tailed[8] = {
+      attention_heads_avx512<1, true>, attention_heads_avx512<2, true>, attention_heads_avx512<3, true>,
+      attention_heads_avx512<4, true>, attention_heads_avx512<5, true>, attention_heads_avx512<6, true>,
+      attention_heads_avx512<7, true>, attention_heads_avx512<8, true>};
+  const int nc = (head_size + 15) / 16;
+  return head_size % 16 ? tailed[nc - 1] : whole[nc - 1];
+}
+#endif
+
 // ---------------------------------------------------------------------------
 // Dispatch.
 
@@ -2043,7 +2185,17 @@ void attention(float* out, const float* q, const float* k_cache, const float* v_
 #endif
     default: break;
   }
+#if CS_X86
+  const attention_heads_fn regs =
+      simd_level() == isa::avx512 && head_size <= 128 ? attention_heads_avx512_for(head_size) : nullptr;
+#endif
   auto k = [&](int b, int e) {
+#if CS_X86
+    if (regs) {
+      regs(b, e, out, q, k_cache, v_cache, att, kv_mul, head_size, kv_stride, pos);
+      return;
+    }
+#endif
     attention_heads(b, e, dot, axpy, out, q, k_cache, v_cache, att, kv_mul, head_size, kv_stride, pos);
   };
   pool* p = pool::current();
