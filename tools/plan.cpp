@@ -34,6 +34,7 @@ struct plan_opts {
   std::string holdout;  // --holdout RULE (with --calibrate)
   std::string calibrate_model;  // --calibrate-model: the rows' model when it is not a preset
   int nodes = 0, batch = 1, context = 4096, calibrate_context = 64;
+  int expert_replicas = 1;  // --expert-replicas (with pipeline[:P],expert:E)
   // Assumption overrides (< 0: keep the default).
   double electricity = -1, amortisation = -1, price = -1, failures = -1, detect_ms = -1, recover_ms = -1;
   double efficiency = -1, link_efficiency = -1;
@@ -118,6 +119,7 @@ plan_request build_request(const plan_opts& o) {
   auto t = parse_plan_topology(topo);
   if (!t) throw cli_error(t.message(), 2);
   r.topology = *t;
+  r.topology.expert_replicas = o.expert_replicas;
   r.batch = o.batch;
   r.context = o.context;
   plan_assumptions& a = r.assume;
@@ -183,6 +185,7 @@ std::string command_line(const plan_opts& o) {
   std::string c = "cellshard plan --model " + o.model + " --hardware " + o.hardware + " --nodes " +
                   std::to_string(o.nodes);
   if (!o.topology.empty()) c += " --topology " + o.topology;
+  if (o.expert_replicas != 1) c += " --expert-replicas " + std::to_string(o.expert_replicas);
   if (o.batch != 1) c += " --batch " + std::to_string(o.batch);
   if (o.context != 4096) c += " --context " + std::to_string(o.context);
   if (!o.memory.empty()) c += " --memory " + o.memory;
@@ -550,8 +553,12 @@ void add_plan(CLI::App& app, int& status) {
       ->capture_default_str();
   cmd->add_option("--nodes", o->nodes, "node count")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--topology", o->topology,
-                  "pipeline[:S]|tensor[:T]|hybrid:PxT|expert[:T] (default: expert for a mixture of experts, "
-                  "else pipeline)");
+                  "pipeline[:S]|tensor[:T]|hybrid:PxT|expert[:T]|pipeline[:P],expert:E (default: expert for a "
+                  "mixture of experts, else pipeline)");
+  cmd->add_option("--expert-replicas", o->expert_replicas,
+                  "with pipeline[:P],expert:E: expert nodes holding each expert (the runtime's --expert-replicas)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--batch", o->batch, "concurrent sequences")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--context", o->context, "positions of KV cache per sequence")
       ->capture_default_str()

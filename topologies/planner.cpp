@@ -345,6 +345,20 @@ result<plan_topology> parse_plan_topology(std::string_view text_in) {
   const std::string head = text.substr(0, colon);
   const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
   plan_topology t;
+  if (const auto comma = text.find(','); comma != std::string::npos) {
+    // "pipeline[:P],expert:E": the runtime's expert placement.
+    const std::string first = text.substr(0, comma), second = text.substr(comma + 1);
+    int e = 0;
+    if (second.rfind("expert:", 0) != 0 || !parse_count(second.substr(7), e) ||
+        (first != "pipeline" && first.rfind("pipeline:", 0) != 0))
+      return make_error(what + ": expected pipeline[:P],expert:E");
+    if (first != "pipeline" && !parse_count(first.substr(9), t.stages))
+      return make_error(what + ": expected pipeline:P,expert:E with P >= 1");
+    t.kind = plan_kind::pipeline;
+    t.tp = 1;
+    t.experts = e;
+    return t;
+  }
   if (head == "pipeline" || head == "tensor" || head == "expert") {
     t.kind = head == "pipeline" ? plan_kind::pipeline : head == "tensor" ? plan_kind::tensor : plan_kind::expert;
     if (!arg.empty()) {
@@ -373,7 +387,9 @@ result<plan_topology> parse_plan_topology(std::string_view text_in) {
 
 std::string to_string(const plan_topology& t) {
   switch (t.kind) {
-    case plan_kind::pipeline: return t.stages > 0 ? "pipeline:" + std::to_string(t.stages) : "pipeline";
+    case plan_kind::pipeline:
+      return (t.stages > 0 ? "pipeline:" + std::to_string(t.stages) : std::string("pipeline")) +
+             (t.experts > 0 ? ",expert:" + std::to_string(t.experts) : std::string());
     case plan_kind::tensor: return t.tp > 0 ? "tensor:" + std::to_string(t.tp) : "tensor";
     case plan_kind::hybrid: return "hybrid:" + std::to_string(t.stages) + "x" + std::to_string(t.tp);
     case plan_kind::expert: return t.tp > 0 ? "expert:" + std::to_string(t.tp) : "expert";
@@ -385,7 +401,7 @@ std::string to_string(const plan_topology& t) {
 // Placement index of rank 0 of station gi (stage-major numbering, as place()).
 int station_first(const plan_layout& l, int gi) {
   int first = 0;
-  for (int k = 0; k < gi; ++k) first += l.groups[static_cast<size_t>(k)].tp;
+  for (int k = 0; k < gi; ++k) first += l.groups[static_cast<size_t>(k)].tp + l.topology.experts;
   return first;
 }
 
@@ -396,16 +412,35 @@ std::vector<shard_step> station_program(const plan_request& r, const plan_layout
   const int n = static_cast<int>(l.groups.size());
   const plan_group& g = l.groups[static_cast<size_t>(gi)];
   const int first = station_first(l, gi);
+  const int E = l.topology.experts, R = l.topology.expert_replicas;
   shard_role role;
   role.index = first + rank;
-  role.rank = rank;
   role.layers = range{g.first_layer, g.end_layer};
+  for (int k = 0; k < g.tp; ++k) role.group.push_back(first + k);
+  if (E > 0) {
+    // The stage shard, then its expert nodes first+1..first+E; replica j of
+    // expert e on node (e + j) mod E (assign_experts on equal nodes).
+    std::vector<std::vector<int>> holders(static_cast<size_t>(m.n_experts));
+    for (int e = 0; e < m.n_experts; ++e)
+      for (int j = 0; j < R; ++j) holders[static_cast<size_t>(e)].push_back(first + 1 + (e + j) % E);
+    if (rank > 0) {
+      role.expert_node = true;
+      for (int e = 0; e < m.n_experts; ++e) {
+        const auto& h = holders[static_cast<size_t>(e)];
+        if (std::find(h.begin(), h.end(), role.index) != h.end()) role.experts.push_back(e);
+      }
+      return program_of(role);
+    }
+    for (int k = 1; k <= E; ++k) role.expert_nodes.push_back(first + k);
+    role.holders = std::move(holders);
+  }
+  role.rank = rank;
   role.has_embedding = gi == 0 && rank == 0;
   role.has_classifier = gi + 1 == n;
   if (role.has_classifier) role.vocab = split_even(m.vocab, g.tp)[static_cast<size_t>(rank)];
-  for (int k = 0; k < g.tp; ++k) role.group.push_back(first + k);
   if (gi + 1 < n)
-    for (int k = 0; k < l.groups[static_cast<size_t>(gi + 1)].tp; ++k) role.next_group.push_back(first + g.tp + k);
+    for (int k = 0; k < l.groups[static_cast<size_t>(gi + 1)].tp; ++k)
+      role.next_group.push_back(first + g.tp + E + k);
   role.reduce = r.assume.scatter_gather ? reduce_algorithm::scatter_gather : reduce_algorithm::direct_rank_order;
   return program_of(role);
 }
@@ -422,10 +457,13 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
   const int n_groups = static_cast<int>(l.groups.size());
   // Pipeline, tensor, hybrid: what each station's rank 0 does per position
   // is read off its program, the list place() would give it (program.hpp).
+  std::vector<std::vector<shard_step>> progs;
   std::vector<program_counts> counts;
   if (!expert_topo)
-    for (int gi = 0; gi < n_groups; ++gi)
-      counts.push_back(count_program(station_program(r, l, gi, 0), station_first(l, gi), m.dim));
+    for (int gi = 0; gi < n_groups; ++gi) {
+      progs.push_back(station_program(r, l, gi, 0));
+      counts.push_back(count_program(progs.back(), station_first(l, gi), m.dim));
+    }
   for (int gi = 0; gi < n_groups; ++gi) {
     const plan_group& g = l.groups[static_cast<size_t>(gi)];
     const int T = g.tp;
@@ -526,6 +564,21 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           ar.messages = 0;
           ar.handled = 2.0 * rd.messages;  // the busiest rank sends T-1 and receives T-1
           work += ar;
+        }
+        // The runtime's expert placement: per MoE layer the program's
+        // dispatch sends xb to the expert nodes its positions chose
+        // (expected under uniform routing, program.hpp expected_dispatch),
+        // they compute, and the combine gets every chosen expert's output.
+        for (const shard_step& st : progs[static_cast<size_t>(gi)]) {
+          if (st.op != shard_op::dispatch || !m.moe_layer(st.layers.begin)) continue;
+          const dispatch_traffic dt = expected_dispatch(st, m.n_experts, m.n_active_experts, b);
+          const double vec = static_cast<double>(m.routed_dim()) * act;
+          work += message(x, dt.messages, dt.vectors_out * vec);
+          const double e_read = std::max(1.0, dt.busiest_experts) * expert_bytes(m);
+          work.compute_s += node_time(x, e_read, std::max(1.0, dt.busiest_pairs) * 2.0 * expert_params(m));
+          out.read_bytes_busiest = std::max(out.read_bytes_busiest, e_read);
+          work += message(x, dt.messages, dt.vectors_back * vec);
+          work.handled += 2 * dt.messages;  // dispatched and combined back
         }
       }
       const bool embeds = expert_topo ? g.embedding : counts[static_cast<size_t>(gi)].embedding_rows > 0;
@@ -661,7 +714,8 @@ result<plan_layout> lay_out(const plan_request& r) {
   int P = 1, T = 1;
   switch (t.kind) {
     case plan_kind::pipeline:
-      P = t.stages > 0 ? t.stages : std::min(m.n_layers, r.nodes);
+      P = t.stages > 0 ? t.stages : std::min(m.n_layers, r.nodes / (1 + std::max(t.experts, 0)));
+      P = std::max(P, 1);
       T = 1;
       break;
     case plan_kind::tensor:
@@ -682,9 +736,18 @@ result<plan_layout> lay_out(const plan_request& r) {
     return make_error("--topology " + to_string(t) + ": a TP group of " + std::to_string(T) +
                       " exceeds the model's limit of " + std::to_string(limit) + " (KV heads / heads / FFN units)");
   }
-  if (static_cast<long>(P) * T > r.nodes) {
-    return make_error("--topology " + to_string(t) + " needs " + std::to_string(P * T) + " nodes, --nodes is " +
-                      std::to_string(r.nodes));
+  const int E = t.kind == plan_kind::pipeline ? std::max(t.experts, 0) : 0, R = t.expert_replicas;
+  if (E > 0) {
+    if (!m.is_moe()) return make_error("--topology " + to_string(t) + ": model '" + m.name + "' has no experts");
+    if (E > m.n_experts)
+      return make_error("--topology " + to_string(t) + ": " + std::to_string(E) + " expert nodes per stage for " +
+                        std::to_string(m.n_experts) + " experts per layer");
+    if (R < 1 || R > E)
+      return make_error("--expert-replicas " + std::to_string(R) + ": expected 1.." + std::to_string(E));
+  }
+  if (static_cast<long>(P) * (T + E) > r.nodes) {
+    return make_error("--topology " + to_string(t) + " needs " + std::to_string(P * (T + E)) +
+                      " nodes, --nodes is " + std::to_string(r.nodes));
   }
   // Layer counts as the runtime splits them (placement.hpp): equal nodes,
   // extra layers first to middle stages (tie cost 1 on the first and last).
@@ -692,14 +755,28 @@ result<plan_layout> lay_out(const plan_request& r) {
   if (P > 1) tie.front() = tie.back() = 1.0;
   auto split = split_weighted(m.n_layers, weight, {}, tie);
   if (!split) return make_error("--topology " + to_string(t) + ": " + split.message());
-  l.topology = plan_topology{t.kind, P, T};
+  l.topology = plan_topology{t.kind, P, T, E, E > 0 ? R : 1};
   l.layers_per_group = ceil_div(m.n_layers, P);
+  int most_moe = 0;  // MoE layers of the longest stage
   for (int s = 0; s < P; ++s) {
     const range& rg = (*split)[static_cast<size_t>(s)];
+    // With expert nodes the stage shard holds no routed expert.
     l.groups.push_back(
-        layer_group(m, rg.begin, rg.end, T, r.batch, r.context, s == 0, s == P - 1, m.is_moe()));
+        layer_group(m, rg.begin, rg.end, T, r.batch, r.context, s == 0, s == P - 1, m.is_moe() && E == 0));
+    int moe = 0;
+    for (int k = rg.begin; k < rg.end; ++k) moe += m.moe_layer(k) ? 1 : 0;
+    most_moe = std::max(most_moe, moe);
   }
   l.used_nodes = P * T;
+  if (E > 0) {
+    // Expert nodes hold whole experts of every MoE layer of their stage: the
+    // fullest ceil(n x R / E) per layer (placement.cpp place_expert).
+    l.expert_nodes = P * E;
+    l.expert_copies = R;
+    l.experts_per_node = most_moe * ceil_div(m.n_experts * R, E);
+    l.expert_node_bytes = expert_node_bytes(m, l.experts_per_node, r.batch);
+    l.used_nodes += P * E;
+  }
   l.spare_nodes = r.nodes - l.used_nodes;
   return l;
 }
@@ -800,6 +877,7 @@ result<plan_result> plan(const plan_request& r) {
     };
     const bool expert_topo = l.topology.kind == plan_kind::expert;
     double wire = 0;
+    double expert_node_in = 0, expert_node_out = 0;  // the runtime's busiest expert node, per token (vectors)
     for (size_t gi = 0; gi < l.groups.size(); ++gi) {
       const plan_group& g = l.groups[gi];
       const bool pool = expert_topo && (gi == 0 || gi + 1 == l.groups.size());
@@ -816,10 +894,25 @@ result<plan_result> plan(const plan_request& r) {
         const int gii = static_cast<int>(gi);
         const auto prog = station_program(r, l, gii, 0);
         const program_counts c = count_program(prog, station_first(l, gii), m.dim);
-        const double sync = static_cast<double>(c.reduce_floats) * act;
+        // Expert placement: expected vectors per token to and from the
+        // stage's expert nodes, and those of its busiest one (the same node
+        // in every layer: the holders are the stage's).
+        double disp_out = 0, disp_back = 0, node_in = 0, node_out = 0;
+        for (const shard_step& st : prog)
+          if (st.op == shard_op::dispatch && m.moe_layer(st.layers.begin)) {
+            const dispatch_traffic dt = expected_dispatch(st, m.n_experts, m.n_active_experts, 1);
+            disp_out += dt.vectors_out;
+            disp_back += dt.vectors_back;
+            node_in += dt.busiest_in;
+            node_out += dt.busiest_pairs;
+          }
+        expert_node_in = std::max(expert_node_in, node_in);
+        expert_node_out = std::max(expert_node_out, node_out);
+        const double sync = static_cast<double>(c.reduce_floats) * act + disp_out * m.routed_dim() * act;
         const double fwd = next_copies == 1 && c.forward_messages > 1 ? xv : static_cast<double>(c.forward_floats) * act;
-        recv = (gi == 0 ? 4 : xv) + sync;
+        recv = (gi == 0 ? 4 : xv) + static_cast<double>(c.reduce_floats) * act + disp_back * m.routed_dim() * act;
         sent = sync + static_cast<double>(c.embed_floats) * act + fwd;
+        wire += disp_back * m.routed_dim() * act;  // the expert nodes' outputs back
         if (gi + 1 == l.groups.size()) sent += a.logits_to_session ? 4.0 * static_cast<double>(c.logits_floats) : 4;
         consider(sent, recv, g.role + (g.tp > 1 ? ", rank 0" : ""));
         wire += sent;
@@ -858,7 +951,12 @@ result<plan_result> plan(const plan_request& r) {
         wire += (g.tp - 1) * 2.0 * layers * (a.scatter_gather ? 2.0 * (g.tp - 1) / g.tp : g.tp - 1.0) * xv;
       }
     }
-    if (l.expert_nodes > 0) {
+    if (!expert_topo && l.expert_nodes > 0) {
+      // The runtime's expert nodes (their traffic is in `wire` above, with
+      // the stage shards'): the busiest receives xb with probability p_i per
+      // MoE layer and returns its share of the pairs.
+      consider(expert_node_out * m.routed_dim() * act, expert_node_in * m.routed_dim() * act, "expert node");
+    } else if (l.expert_nodes > 0) {
       // Expert nodes: a token reaches a given expert node at most once per MoE
       // layer; the busiest holds experts of one layer.
       consider(m.routed_dim() * act, m.routed_dim() * act, "expert node");
@@ -1045,6 +1143,11 @@ result<plan_result> plan(const plan_request& r) {
              ", classifier pool " + std::to_string(l.groups.back().tp) + "), " + std::to_string(l.expert_nodes) +
              " expert nodes x " + std::to_string(l.experts_per_node) + " experts (" +
              std::to_string(l.expert_copies) + (l.expert_copies == 1 ? " copy" : " copies") + ")";
+    } else if (l.expert_nodes > 0) {
+      lay += " (stage shards), " + std::to_string(l.expert_nodes) + " expert nodes (" +
+             std::to_string(l.topology.experts) + " per stage, each expert on " +
+             std::to_string(l.expert_copies) + "; the fullest holds " + std::to_string(l.experts_per_node) +
+             " layer-experts)";
     }
     lay += "; " + std::to_string(l.used_nodes) + " nodes used, " + std::to_string(l.spare_nodes) + " spare";
     p.notes.push_back(lay);

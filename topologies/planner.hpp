@@ -70,8 +70,16 @@ struct plan_topology {
   plan_kind kind = plan_kind::pipeline;
   int stages = 0;  // P (pipeline, hybrid)
   int tp = 0;      // T (tensor, hybrid, expert: TP width of the dense groups)
+  /// pipeline only: E expert nodes per stage, the runtime's expert placement
+  /// ("pipeline[:P],expert:E", placement.hpp): each stage one stage shard
+  /// (attention, router, shared experts) plus E nodes holding its routed
+  /// experts, expert e's replica j on node (e + j) mod E of the stage. 0 = none.
+  int experts = 0;
+  int expert_replicas = 1;  // R (--expert-replicas), with `experts`
 };
-/// "pipeline", "pipeline:S", "tensor", "tensor:T", "hybrid:PxT", "expert", "expert:T".
+/// "pipeline", "pipeline:S", "tensor", "tensor:T", "hybrid:PxT", "expert",
+/// "expert:T" (the planner's own expert layout), "pipeline[:P],expert:E"
+/// (the runtime's; replicas stay 1, the caller sets them).
 result<plan_topology> parse_plan_topology(std::string_view text);
 std::string to_string(const plan_topology& t);
 

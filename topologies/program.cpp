@@ -3,6 +3,8 @@
 #include "topologies/program.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 namespace cellshard::topologies {
 
@@ -95,6 +97,32 @@ std::vector<reduce_round> reduce_rounds(const shard_step& s, int rank, int dim) 
     out.push_back(reduce_round{T - 1, static_cast<uint64_t>(T - 1) * d});
   }
   return out;
+}
+
+dispatch_traffic expected_dispatch(const shard_step& s, int n_experts, int k, int positions) {
+  dispatch_traffic t;
+  if (s.op != shard_op::dispatch || n_experts < 1 || k < 1) return t;
+  const double n = n_experts, b = positions;
+  std::map<int, double> share;  // node -> the choices it serves (one pass over the holders)
+  for (const auto& h : s.holders)
+    for (int node : h) share[node] += 1.0 / static_cast<double>(h.size());
+  for (int node : s.peers) {
+    const auto it = share.find(node);
+    const double held = it == share.end() ? 0.0 : it->second;
+    double miss = 1;  // no chosen expert of one position is served here
+    for (int j = 0; j < k && j < n_experts; ++j) miss *= std::max(0.0, (n - held - j) / (n - j));
+    const double p = 1 - miss;
+    t.messages += 1 - std::pow(miss, b);
+    t.vectors_out += b * p;
+    const double pairs = b * k * held / n;
+    if (pairs > t.busiest_pairs) {
+      t.busiest_pairs = pairs;
+      t.busiest_experts = held * (1 - std::pow(1 - k / n, b));
+      t.busiest_in = b * p;
+    }
+  }
+  t.vectors_back = b * k;
+  return t;
 }
 
 program_counts count_program(const std::vector<shard_step>& program, int self, int dim) {

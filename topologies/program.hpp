@@ -109,6 +109,27 @@ struct program_counts {
   uint64_t floats() const { return embed_floats + forward_floats + reduce_floats + logits_floats; }
 };
 
+/// What a dispatch op (and the combine after it) sends, expected per step of
+/// `positions` positions, each choosing `k` distinct routed experts of
+/// `n_experts` uniformly at random (the planner's routing assumption; the
+/// runtime's router decides per token). A position's chosen expert e goes
+/// to one of s.holders[e] (the runtime rotates over replicas with the
+/// position): expert node i serves h_i = (experts it holds) / R of the
+/// choices, and one position sends it something with probability
+/// p_i = 1 - prod_{j<k} (n - h_i - j) / (n - j) (hypergeometric: exact for
+/// R = 1). The stage shard sends one expert_req per node hit, carrying xb of
+/// the positions that hit it, and gets one expert_out back per request
+/// carrying one output per (position, expert) pair.
+struct dispatch_traffic {
+  double messages = 0;          // expert_req messages (as many expert_out back): sum_i 1 - (1 - p_i)^positions
+  double vectors_out = 0;       // xb vectors dispatched: positions x sum_i p_i
+  double vectors_back = 0;      // outputs combined: positions x k
+  double busiest_pairs = 0;     // (position, expert) pairs of the busiest expert node: positions x k x h_i / n
+  double busiest_experts = 0;   // distinct experts it runs: h_i x (1 - (1 - k/n)^positions)
+  double busiest_in = 0;        // vectors it receives: positions x p_i
+};
+dispatch_traffic expected_dispatch(const shard_step& dispatch, int n_experts, int k, int positions);
+
 /// Counts `program`, the program of placement index `self`, for vectors of
 /// `dim` floats. Messages to itself (an embed's own slot) are not counted.
 program_counts count_program(const std::vector<shard_step>& program, int self, int dim);

@@ -249,3 +249,106 @@ TEST_CASE("count_program counts each op of a program", "[planner][programs]") {
   CHECK(d1[0].messages == 2);
   CHECK(d1[0].floats == 20u);
 }
+
+TEST_CASE("the runtime's expert placement in the planner: its programs and expected dispatches",
+          "[planner][programs][expert]") {
+  // A mixture of experts of GQA layers (8 experts, top-2, no shared expert)
+  // as the planner's shape and as the runtime's config.
+  model_spec m;
+  m.name = "moe-test";
+  m.dim = 64;
+  m.n_layers = 4;
+  m.vocab = 512;
+  m.context = 256;
+  m.n_heads = 8;
+  m.n_kv_heads = 4;
+  m.n_experts = 8;
+  m.n_active_experts = 2;
+  m.expert_ffn = 32;
+  m.ffn_hidden = 32;
+  model::config cfg{64, 32, 4, 8, 4, 512, 256, true};
+  cfg.n_experts = 8;
+  cfg.n_experts_used = 2;
+
+  struct expert_case {
+    const char* topology;
+    int nodes;
+    int replicas;
+  };
+  for (const expert_case& k : {expert_case{"pipeline:2,expert:2", 6, 1}, expert_case{"pipeline:2,expert:3", 8, 1},
+                               expert_case{"pipeline:1,expert:4", 5, 1}, expert_case{"pipeline:2,expert:3", 8, 2}}) {
+    INFO(k.topology << " --expert-replicas " << k.replicas);
+    plan_request r;
+    r.model = m;
+    r.hw = *find_hardware_preset("ps3");
+    r.nodes = k.nodes;
+    r.topology = *parse_plan_topology(k.topology);
+    r.topology.expert_replicas = k.replicas;
+    r.context = 256;
+    CHECK(to_string(r.topology) == k.topology);
+    auto lay = lay_out(r);
+    REQUIRE(lay);
+    const plan_layout& l = *lay;
+    auto planned = plan(r);
+    REQUIRE(planned);
+
+    auto strat = parse_strategy(k.topology);
+    REQUIRE(strat);
+    strat->expert_replicas = k.replicas;
+    placement_options o;
+    o.check_memory = false;
+    o.context = 256;
+    auto placed = place(cfg, make_nodes(k.nodes, host_profile()), *strat, o);
+    REQUIRE(placed);
+    const placement& p = *placed;
+    REQUIRE(l.groups.size() == p.stages.size());
+    CHECK(l.used_nodes == static_cast<int>(p.shards.size()));
+    CHECK(l.expert_nodes == static_cast<int>(p.stages.size()) * strat->experts);
+
+    // The planner's lists are the runtime's: stage shards and expert nodes.
+    for (const shard& sh : p.shards) {
+      const int rank = sh.index - p.stages[static_cast<size_t>(sh.stage)].shards.front();
+      const auto mine = station_program(r, l, sh.stage, rank);
+      REQUIRE(mine.size() == sh.program.size());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        CHECK(to_string(mine[i]) == to_string(sh.program[i]));
+        CHECK(mine[i].peers == sh.program[i].peers);
+        CHECK(mine[i].holders == sh.program[i].holders);
+        CHECK(mine[i].experts == sh.program[i].experts);
+      }
+    }
+    if (k.replicas != 1) continue;  // the expectation below is exact for one holder per expert
+
+    // Expected expert requests of one position per MoE layer, by
+    // enumeration over the placement's holders: every pair of distinct
+    // experts equally likely; one request per distinct expert node chosen.
+    const chain_costs cc = chain_cost(r, l, 1);
+    const double vec = m.dim * 4.0;
+    double wire = 0;
+    for (const stage& sg : p.stages) {
+      const shard& head = p.shards[static_cast<size_t>(sg.shards.front())];
+      double distinct = 0, pairs = 0;
+      for (int a = 0; a < m.n_experts; ++a)
+        for (int b = a + 1; b < m.n_experts; ++b) {
+          const int na = sg.holders[static_cast<size_t>(a)].front(), nb = sg.holders[static_cast<size_t>(b)].front();
+          distinct += na == nb ? 1 : 2;
+          pairs += 1;
+        }
+      const double per_layer = distinct / pairs;
+      int dispatches = 0;
+      for (const shard_step& st : head.program) dispatches += st.op == shard_op::dispatch ? 1 : 0;
+      CHECK(dispatches == sg.layers.size());
+      INFO("stage " << sg.index << ": " << per_layer << " requests per MoE layer");
+      // Hop messages of the station's work: a request and a reply per expert node chosen.
+      CHECK(cc.station_work[static_cast<size_t>(sg.index)].messages == Approx(2 * dispatches * per_layer));
+      // Bytes: xb once per request, one output per chosen expert back.
+      CHECK(cc.station_work[static_cast<size_t>(sg.index)].bytes ==
+            Approx(dispatches * (per_layer + m.n_active_experts) * vec));
+      wire += dispatches * (per_layer + m.n_active_experts) * vec;
+      if (sg.index + 1 < static_cast<int>(p.stages.size())) wire += vec;  // forward to the next stage shard
+    }
+    wire += m.vocab * 4.0;  // the logits, from the last stage shard
+    CHECK(planned->wire_bytes_per_token == Approx(wire));
+    CHECK(cc.return_hop.messages == 1);
+  }
+}
