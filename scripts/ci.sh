@@ -4,12 +4,17 @@
 # Further phases (cross builds, ...) are added here, each with its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# CPU-seconds (user + sys) of this script's finished children, from /proc: the
+# CPU a phase used, which unlike its wall time does not depend on what else
+# runs on the machine (a background job's CPU counts when it is waited for).
+tck=$(getconf CLK_TCK)
+children_cpu() { awk -v t="$tck" '{ sub(/^.*\) /, ""); printf "%.0f", ($14 + $15) / t }' /proc/$$/stat; }
 phase() {
   local name=$1; shift
-  local t0; t0=$(date +%s)
+  local t0 c0; t0=$(date +%s); c0=$(children_cpu)
   echo "== phase $name"
   "$@"
-  echo "== phase $name: $(( $(date +%s) - t0 )) s"
+  echo "== phase $name: $(( $(date +%s) - t0 )) s ($(( $(children_cpu) - c0 )) CPU-s; load $(cut -d' ' -f1-3 /proc/loadavg))"
 }
 phase install scripts/install-deps.sh
 phase cross-deps scripts/install-deps.sh --cross
