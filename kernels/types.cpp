@@ -226,6 +226,8 @@ bool quantize_row(dtype t, const float* x, void* out, int cols) {
     }
     case dtype::q8_0: quantize_row_q8(x, static_cast<q8_block*>(out), cols); return true;
     case dtype::q4_0: quantize_row_q4_0(x, static_cast<block_q4_0*>(out), cols); return true;
+    case dtype::q4_k: quantize_row_q4_k(x, static_cast<block_q4_k*>(out), cols); return true;
+    case dtype::q6_k: quantize_row_q6_k(x, static_cast<block_q6_k*>(out), cols); return true;
     default: return false;
   }
 }

@@ -90,8 +90,18 @@ void quantize_row_q4_0(const float* x, block_q4_0* out, int cols);
 /// value of largest magnitude), q = min(127, nearest_int(iscale * x)),
 /// d = 1 / iscale, bsums over 16s. cols a multiple of 256.
 void quantize_row_q8_k(const float* x, block_q8_k* out, int cols);
-/// Quantizes a row of f32 into type t (f16, bf16, q8_0 or q4_0; f32 copies).
-/// Returns false for a type without a quantizer here (q4_K, q6_K).
+/// ggml quantize_row_q4_K_ref (kernels/quantize_k.cpp says how): per block
+/// of 256, 8 weighted affine fits of 32 values, their scales and mins
+/// quantized to 6 bits, the values to 4 bits against the rounded ones.
+/// cols a multiple of 256.
+void quantize_row_q4_k(const float* x, block_q4_k* out, int cols);
+/// ggml quantize_row_q6_K_ref: per block of 256, 16 symmetric fits of 16
+/// values (int8 scales against d = -max_scale / 128), values in -32..31.
+/// cols a multiple of 256.
+void quantize_row_q6_k(const float* x, block_q6_k* out, int cols);
+/// Quantizes a row of f32 into type t with ggml's reference quantizer of
+/// that type (f32 copies). cols must be a multiple of block_elems(t); false
+/// for an unknown type.
 bool quantize_row(dtype t, const float* x, void* out, int cols);
 
 /// Converts `rows` rows of type t from the other byte order in place (every

@@ -377,9 +377,45 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
   return {};
 }
 
+namespace {
+
+// llama.cpp's llama_ftype for a file whose matrices are mostly `t`
+// (general.file_type): MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q8_0 7,
+// MOSTLY_Q4_K_S 14, MOSTLY_Q6_K 18, MOSTLY_BF16 32.
+uint32_t llama_ftype_of(kernels::dtype t) {
+  switch (t) {
+    case kernels::dtype::f16: return 1;
+    case kernels::dtype::q4_0: return 2;
+    case kernels::dtype::q8_0: return 7;
+    case kernels::dtype::q4_k: return 14;
+    case kernels::dtype::q6_k: return 18;
+    case kernels::dtype::bf16: return 32;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
 result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype type) {
+  quantize_options o;
+  o.type = type;
+  o.pure = true;
+  return quantize_gguf(in, o);
+}
+
+kernels::dtype classifier_type(kernels::dtype type, int64_t cols, bool pure) {
+  using kernels::dtype;
+  if (pure || type == dtype::f16 || type == dtype::bf16 || type == dtype::q8_0 || type == dtype::f32) return type;
+  return cols % kernels::qk_k == 0 ? dtype::q6_k : dtype::q8_0;
+}
+
+result<std::vector<uint8_t>> quantize_gguf(const model_file& in, const quantize_options& opt) {
+  const kernels::dtype type = opt.type;
   const gguf::file* g = in.gguf();
   if (!g) return make_error(in.path() + ": not a GGUF model (GGUF output needs a GGUF input)");
+  if (llama_ftype_of(type) == 0)
+    return make_error(std::string("quantize: type ") + kernels::to_string(type) +
+                      " cannot be written, expected f16, bf16, q8_0, q4_0, q4_K or q6_K");
   // A converted model's tensors are in host order in its image: read the
   // file's own bytes instead (file_image()), as a file of this host.
   std::shared_ptr<const gguf::file> own;
@@ -398,30 +434,41 @@ result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype 
   const bool be_host = host_is_big_endian();
   if (g->swapped() != be_host)
     return make_error(in.path() + ": quantizing a big-endian GGUF file is not supported");
-  if (type != kernels::dtype::q8_0 && type != kernels::dtype::q4_0)
-    return make_error(std::string("quantize: type ") + kernels::to_string(type) +
-                      " cannot be written, expected q8_0 or q4_0");
+  // The classifier: output.weight, or the token embedding when it is tied.
+  const std::string classifier = g->find_tensor("output.weight") ? "output.weight" : "token_embd.weight";
+  const bool k_quant = type == kernels::dtype::q4_k || type == kernels::dtype::q6_k;
   gguf::writer w;
   for (const auto& k : g->keys()) w.copy_value(k, *g->find(k));
-  // llama.cpp's llama_ftype: MOSTLY_Q4_0 = 2, MOSTLY_Q8_0 = 7.
-  w.set_u32("general.file_type", type == kernels::dtype::q8_0 ? 7 : 2);
+  w.set_u32("general.file_type", llama_ftype_of(type));
   w.set_u32("general.quantization_version", 2);
   std::vector<float> row;
   for (const auto& t : g->tensors()) {
     kernels::dtype src;
-    // Matrices and 3-D expert tensors; routers stay as they are (as llama.cpp's
+    // Matrices and 3-D expert tensors; 1-D tensors (norms, biases,
+    // rope_freqs) stay as they are, and so do routers (as llama.cpp's
     // quantize keeps ffn_gate_inp: a small matrix whose rounding moves routing).
     const bool router = t.name.find("ffn_gate_inp") != std::string::npos;
-    const bool matrix = (t.ne.size() == 2 || t.ne.size() == 3) && t.ne[0] % 32 == 0 && !router &&
-                        t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
-                        kernels::dtype_from_ggml(t.type, &src);
-    if (!matrix) {
+    const bool weight_matrix = (t.ne.size() == 2 || t.ne.size() == 3) && !router && t.name.size() > 7 &&
+                               t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
+                               kernels::dtype_from_ggml(t.type, &src);
+    const int64_t cols64 = t.ne.empty() ? 0 : static_cast<int64_t>(t.ne[0]);
+    const kernels::dtype to = t.name == classifier ? classifier_type(type, cols64, opt.pure) : type;
+    if (weight_matrix && k_quant && to != kernels::dtype::q8_0 && cols64 % kernels::qk_k != 0)
+      return make_error(
+          in.path() + ": tensor " + t.name + " has rows of " + std::to_string(cols64) + " elements; " +
+          kernels::to_string(to) + " cannot hold it (its super-blocks are 256 elements: rows must be a multiple of 256). "
+          "llama.cpp's llama-quantize writes such a tensor as " +
+          (to == kernels::dtype::q4_k ? "q5_0" : "q8_0") +
+          " instead (a fallback type); cellshard writes no such mixture: use --type q8_0, q4_0, f16 or bf16 for this model");
+    // Rows that are not whole blocks of a 32-block type stay as they are (as
+    // llama.cpp's converter leaves stories260K's 172-wide ffn_down in F32).
+    if (!weight_matrix || cols64 % kernels::block_elems(to) != 0) {
       w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
       continue;
     }
-    const int cols = static_cast<int>(t.ne[0]);
+    const int cols = static_cast<int>(cols64);
     const uint64_t rows = t.rows();
-    const size_t in_row = kernels::row_bytes(src, cols), out_row = kernels::row_bytes(type, cols);
+    const size_t in_row = kernels::row_bytes(src, cols), out_row = kernels::row_bytes(to, cols);
     std::vector<uint8_t> out(out_row * rows), in_host(be_host ? in_row : 0);
     row.resize(cols);
     for (uint64_t r = 0; r < rows; ++r) {
@@ -432,10 +479,10 @@ result<std::vector<uint8_t>> quantize_gguf(const model_file& in, kernels::dtype 
         in_bytes = in_host.data();
       }
       kernels::dequantize_row(src, in_bytes, row.data(), cols);
-      kernels::quantize_row(type, row.data(), out.data() + r * out_row, cols);
+      kernels::quantize_row(to, row.data(), out.data() + r * out_row, cols);
     }
-    if (be_host) kernels::swap_rows(type, out.data(), static_cast<int>(rows), cols);
-    w.add_tensor(t.name, t.ne, kernels::ggml_type_of(type), std::move(out));
+    if (be_host) kernels::swap_rows(to, out.data(), static_cast<int>(rows), cols);
+    w.add_tensor(t.name, t.ne, kernels::ggml_type_of(to), std::move(out));
   }
   return w.bytes(g->version() == 2 ? 2 : 3, false, g->alignment());
 }

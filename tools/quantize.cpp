@@ -1,6 +1,8 @@
-// `cellshard quantize [--type q8_0|q4_0] IN OUT`: a GGUF input gives a GGUF
-// output with its weight matrices in the chosen type; an f32 llama2.c
-// checkpoint gives the q8_0 ("CSQ8") file of model/quant.hpp (docs/formats.md).
+// `cellshard quantize [--type f16|bf16|q8_0|q4_0|q4_k|q6_k] [--pure] IN OUT`:
+// a GGUF input gives a GGUF output with its weight matrices in the chosen
+// type (the classifier as llama-quantize picks it unless --pure); an f32
+// llama2.c checkpoint gives the q8_0 ("CSQ8") file of model/quant.hpp
+// (docs/formats.md).
 #include "model/checkpoint.hpp"
 #include "model/gguf_model.hpp"
 #include "model/quant.hpp"
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <utility>
 #include <sys/stat.h>
 
 namespace cellshard::tools {
@@ -22,15 +25,22 @@ namespace cellshard::tools {
 void add_quantize(CLI::App& app, int& status) {
   struct opts {
     std::string in, out, json_out, type = "q8_0";
+    bool pure = false;
   };
   auto o = std::make_shared<opts>();
   auto* cmd = app.add_subcommand(
-      "quantize", "write a quantized model: GGUF in -> GGUF out (q8_0 or q4_0); llama2.c .bin -> q8_0 CSQ8");
+      "quantize",
+      "write a quantized model: GGUF in -> GGUF out (f16, bf16, q8_0, q4_0, q4_k, q6_k); llama2.c .bin -> q8_0 CSQ8");
   cmd->add_option("IN", o->in, "GGUF model, or f32 llama2.c checkpoint (.bin)")->required();
   cmd->add_option("OUT", o->out, "file to write (run it with -m OUT); must differ from IN")->required();
-  cmd->add_option("--type", o->type, "q8_0|q4_0 (q4_0 needs a GGUF input)")
-      ->check(CLI::IsMember({"q8_0", "q4_0"}))
+  cmd->add_option("--type", o->type,
+                  "f16|bf16|q8_0|q4_0|q4_k|q6_k: type of the weight matrices (norms and other 1-D tensors stay "
+                  "F32; q4_k and q6_k need rows that are a multiple of 256; all but q8_0 need a GGUF input)")
+      ->transform(CLI::IsMember({"f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"}, CLI::ignore_case))
       ->capture_default_str();
+  cmd->add_flag("--pure", o->pure,
+                "the classifier too in --type (default: as llama-quantize, q6_K for q4_0/q4_k/q6_k when its rows "
+                "are a multiple of 256, else q8_0)");
   cmd->add_option("--json", o->json_out, "summary JSON to FILE (- = stdout)");
   cmd->callback([o, &status] {
     // Writing OUT over IN would destroy the input while it is still being read.
@@ -45,7 +55,14 @@ void add_quantize(CLI::App& app, int& status) {
     if (!in) throw cli_error(in.message());
     result<uint64_t> n = make_error("not written");
     if ((*in)->gguf()) {
-      auto img = model::quantize_gguf(**in, o->type == "q4_0" ? kernels::dtype::q4_0 : kernels::dtype::q8_0);
+      model::quantize_options q;
+      q.pure = o->pure;
+      const std::pair<const char*, kernels::dtype> names[] = {
+          {"f16", kernels::dtype::f16},   {"bf16", kernels::dtype::bf16}, {"q8_0", kernels::dtype::q8_0},
+          {"q4_0", kernels::dtype::q4_0}, {"q4_k", kernels::dtype::q4_k}, {"q6_k", kernels::dtype::q6_k}};
+      for (const auto& n : names)
+        if (o->type == n.first) q.type = n.second;
+      auto img = model::quantize_gguf(**in, q);
       if (!img) throw cli_error(img.message());
       std::ofstream f(o->out, std::ios::binary);
       f.write(reinterpret_cast<const char*>(img->data()), static_cast<std::streamsize>(img->size()));

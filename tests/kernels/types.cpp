@@ -286,3 +286,142 @@ TEST_CASE("matvec_typed conforms on every backend for every type and mode",
     }
   }
 }
+
+// ggml's reference K-quantizers (kernels/quantize_k.cpp) on inputs whose
+// exact blocks follow from the algorithm's description: every value already
+// on its sub-block's grid, the grids' steps powers of two, so each fit is
+// exact and the 6-bit / int8 scale quantization loses nothing.
+TEST_CASE("types: q4_K and q6_K quantizers give the exact blocks of on-grid input",
+          "[kernels][types][quantize]") {
+  SECTION("q6_K: sub-block j is 2^-4 * 2^-(j mod 8) * q, q in -32..31 with a -32") {
+    int8_t sc[16];
+    int q[256];
+    std::vector<float> x(256);
+    for (int j = 0; j < 16; ++j) {
+      const int k = 128 >> (j % 8);                 // |scale| 128, 64, ..., 1
+      sc[j] = static_cast<int8_t>(-k);              // d < 0: the largest fit is -2^-4 / 128 x -128
+      for (int l = 0; l < 16; ++l) {
+        const int e = 16 * j + l;
+        const int v = l == 0 ? -32 : (e * 13 + j * 5) % 63 - 31;  // -32 is the largest magnitude
+        q[e] = v + 32;
+        x[e] = std::ldexp(static_cast<float>(v), -4 - (j % 8));
+      }
+    }
+    const block_q6_k want = pack_q6_k(-std::ldexp(1.0f, -4) / 128, sc, q);
+    block_q6_k got;
+    REQUIRE(quantize_row(dtype::q6_k, x.data(), &got, 256));
+    CHECK(got.d == want.d);
+    CHECK(std::memcmp(got.scales, want.scales, 16) == 0);
+    CHECK(std::memcmp(got.ql, want.ql, sizeof want.ql) == 0);
+    CHECK(std::memcmp(got.qh, want.qh, sizeof want.qh) == 0);
+    std::vector<float> back(256);
+    dequantize_row(dtype::q6_k, &got, back.data(), 256);
+    CHECK(back == x);
+  }
+  SECTION("q4_K: sub-block j is (sc_j L - m_j / 2) / 64, L in 0..15 with a 0 and a 15") {
+    int sc[8], m[8], q[256];
+    std::vector<float> x(256);
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = 63 - 5 * j;  // max 63: d = (63/64) / 63 = 2^-6
+      m[j] = 63 - 4 * j;   // max 63: dmin = (63/128) / 63 = 2^-7 (mins > 0: values below 0)
+      for (int l = 0; l < 32; ++l) {
+        const int e = 32 * j + l;
+        q[e] = l == 0 ? 0 : l == 1 ? 15 : (e * 7 + j) % 16;
+        x[e] = (sc[j] * q[e]) / 64.0f - m[j] / 128.0f;
+      }
+    }
+    const block_q4_k want = pack_q4_k(1.0f / 64, 1.0f / 128, sc, m, q);
+    block_q4_k got;
+    REQUIRE(quantize_row(dtype::q4_k, x.data(), &got, 256));
+    CHECK(got.d == want.d);
+    CHECK(got.dmin == want.dmin);
+    CHECK(std::memcmp(got.scales, want.scales, 12) == 0);
+    CHECK(std::memcmp(got.qs, want.qs, 128) == 0);
+    std::vector<float> back(256);
+    dequantize_row(dtype::q4_k, &got, back.data(), 256);
+    CHECK(back == x);
+  }
+  SECTION("all-zero blocks quantize to zero blocks") {
+    std::vector<float> z(256, 0.0f), back(256, 1.0f);
+    block_q6_k b6;
+    block_q4_k b4;
+    quantize_row(dtype::q6_k, z.data(), &b6, 256);
+    quantize_row(dtype::q4_k, z.data(), &b4, 256);
+    dequantize_row(dtype::q6_k, &b6, back.data(), 256);
+    CHECK(back == z);
+    dequantize_row(dtype::q4_k, &b4, back.data(), 256);
+    CHECK(back == z);
+  }
+}
+
+// Round trips of random rows against what rounding to the stored grid
+// guarantees: a value not clamped is within half a step of its sub-block's
+// rounded scale; and the whole row's NMSE within the bits' budget.
+TEST_CASE("types: q4_K and q6_K quantizers round-trip within their step", "[kernels][types][quantize]") {
+  test::rng r(11);
+  const int n = 1024;
+  std::vector<float> x(n), back(n);
+  test::fill(r, x.data(), x.size());
+  for (int i = 0; i < n; i += 97) x[i] *= 6.0f;  // outliers, as real weights have
+  auto nmse = [&] {
+    double e = 0, s = 0;
+    for (int i = 0; i < n; ++i) {
+      e += (static_cast<double>(back[i]) - x[i]) * (static_cast<double>(back[i]) - x[i]);
+      s += static_cast<double>(x[i]) * x[i];
+    }
+    return e / s;
+  };
+  SECTION("q6_K") {
+    std::vector<block_q6_k> q(n / 256);
+    quantize_row(dtype::q6_k, x.data(), q.data(), n);
+    dequantize_row(dtype::q6_k, q.data(), back.data(), n);
+    int clamped = 0;
+    for (int i = 0; i < n; ++i) {
+      const block_q6_k& b = q[i / 256];
+      const float step = fp16_to_fp32(b.d) * b.scales[(i % 256) / 16];
+      INFO("element " << i << " x " << x[i] << " back " << back[i] << " step " << step);
+      REQUIRE(step != 0.0f);
+      const float s = x[i] / step;
+      if (s < -32.5f || s > 31.5f) {
+        ++clamped;
+        continue;
+      }
+      CHECK(std::fabs(back[i] - x[i]) <= 0.5f * std::fabs(step) * (1 + 1e-5f));
+    }
+    CHECK(clamped <= n / 64);
+    const double e = nmse();
+    WARN("q6_K round trip NMSE " << e);
+    CHECK(e < 1e-3);
+  }
+  SECTION("q4_K") {
+    std::vector<block_q4_k> q(n / 256);
+    quantize_row(dtype::q4_k, x.data(), q.data(), n);
+    dequantize_row(dtype::q4_k, q.data(), back.data(), n);
+    int clamped = 0;
+    for (int i = 0; i < n; ++i) {
+      const block_q4_k& b = q[i / 256];
+      const int j = (i % 256) / 32;
+      int sc, m;
+      if (j < 4) {
+        sc = b.scales[j] & 63;
+        m = b.scales[j + 4] & 63;
+      } else {
+        sc = (b.scales[j + 4] & 0x0F) | ((b.scales[j - 4] >> 6) << 4);
+        m = (b.scales[j + 4] >> 4) | ((b.scales[j] >> 6) << 4);
+      }
+      const float step = fp16_to_fp32(b.d) * sc, off = fp16_to_fp32(b.dmin) * m;
+      REQUIRE(step > 0.0f);
+      const float s = (x[i] + off) / step;
+      if (s < -0.5f || s > 15.5f) {
+        ++clamped;
+        continue;
+      }
+      INFO("element " << i << " x " << x[i] << " back " << back[i] << " step " << step);
+      CHECK(std::fabs(back[i] - x[i]) <= 0.5f * step * (1 + 1e-5f) + 1e-6f);
+    }
+    CHECK(clamped <= n / 32);
+    const double e = nmse();
+    WARN("q4_K round trip NMSE " << e);
+    CHECK(e < 1e-2);
+  }
+}

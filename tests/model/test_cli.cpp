@@ -253,6 +253,37 @@ TEST_CASE("cellshard run -m model.gguf: fixtures, --ctx, clamping, pipeline, qua
     CHECK(bin.status != 0);
     CHECK_THAT(bin.err, Catch::Contains("needs a GGUF input"));
   }
+  SECTION("quantize --type q4_k|q6_k: K-quants refuse 64-wide rows naming the tensor and llama.cpp's fallback") {
+    auto q = test::run_command({test::cellshard_bin(), "quantize", "--type", "Q4_K", gguf, dir + "/k.gguf"});
+    CHECK(q.status != 0);
+    CHECK_THAT(q.err, Catch::Contains("tensor token_embd.weight has rows of 64 elements") &&
+                          Catch::Contains("multiple of 256") && Catch::Contains("as q5_0 instead"));
+    auto bad = test::run_command({test::cellshard_bin(), "quantize", "--type", "q5_0", gguf, dir + "/k.gguf"});
+    CHECK(bad.status != 0);
+    CHECK_THAT(bad.err, Catch::Contains("--type"));
+  }
+  SECTION("quantize --type q6_k on a 256-wide model: classifier Q6_K, matrices Q6_K, norms F32; --type bf16") {
+    const std::string small = test::shared_file("models/gguf/llama2-small-f32.gguf");
+    if (small.empty()) return;
+    for (const char* t : {"q6_k", "bf16", "q4_k"}) {
+      const std::string out = dir + "/small-" + t + ".gguf";
+      auto q = test::run_command({test::cellshard_bin(), "quantize", "--type", t, small, out});
+      INFO(q.err);
+      REQUIRE(q.status == 0);
+      auto i = test::run_command({test::cellshard_bin(), "inspect", out});
+      REQUIRE(i.status == 0);
+      const std::string T = std::string(t) == "q6_k" ? "Q6_K" : std::string(t) == "bf16" ? "BF16" : "Q4_K";
+      CHECK_THAT(i.out, Catch::Contains("blk.0.attn_q.weight          " + T) &&
+                            Catch::Contains("blk.0.attn_norm.weight       F32") &&
+                            Catch::Contains(std::string("output.weight                ") +
+                                            (T == "BF16" ? "BF16" : "Q6_K")));
+      auto r = test::run_command({test::cellshard_bin(), "run", "-m", out, "-t", "0", "-n", "12", "--ignore-eos",
+                                  "--ids-out", dir + "/k.ids", "-q"});
+      INFO(r.err);
+      CHECK(r.status == 0);
+      CHECK(test::read_ids(dir + "/k.ids").size() == 13);
+    }
+  }
 }
 
 TEST_CASE("run gives the same ids for every --batch-size, and bench prefill checks its logits",
