@@ -162,7 +162,7 @@ double rank_buffer_bytes(const model_spec& m, int first, int end, int T, int B, 
     const double floats = 5.0 * m.dim + h0 * hw + 2.0 * kv0 * hw + scores + 2 * f;
     worst = std::max(worst, floats);
   }
-  if (classifier) worst += m.vocab;
+  if (classifier) worst += ceil_div(m.vocab, T);  // its slice of the logits
   return static_cast<double>(B) * worst * 4;
 }
 
@@ -186,7 +186,12 @@ plan_group layer_group(const model_spec& m, int first, int end, int T, int B, in
   }
   const double table = embedding_params(m) * m.weight_bytes;
   if (embedding) g.weight_bytes += table;
-  if (classifier) g.weight_bytes += m.dim * m.weight_bytes + ((m.shared_classifier && embedding) ? 0 : table);
+  // The classifier's rows are split over the last stage's ranks (rank 0,
+  // the busiest, holds ceil(vocab / T): its program's classify slice); with
+  // a shared classifier the holder of the embedding reads them from the table.
+  const double cls_rows = ceil_div(m.vocab, T);
+  if (classifier)
+    g.weight_bytes += m.dim * m.weight_bytes + ((m.shared_classifier && embedding) ? 0 : cls_rows * m.dim * m.weight_bytes);
   g.buffer_bytes = rank_buffer_bytes(m, first, end, T, B, context, classifier);
   return g;
 }

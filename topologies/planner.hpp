@@ -24,12 +24,17 @@
 //   stage, the classifier's rows split over the ranks of the last, each
 //   returning its slice of the logits to the session. The exchanges, layers
 //   and classifier rows of a station are read off the program place() gives
-//   its rank 0 (station_program, topologies/program.hpp count_program); the
-//   memory of check 1 still counts the whole classifier on rank 0. All-reduces are the runtime's direct exchange (every rank sends
+//   its rank 0 (station_program, topologies/program.hpp count_program), and
+//   check 1 counts rank 0's classifier slice, as place() does. All-reduces
+//   are the runtime's direct exchange (every rank sends
 //   its partial dim-vector to each other rank: one round of T-1 messages of
 //   a vector), or with plan_assumptions::scatter_gather its reduce-scatter +
 //   all-gather (`--reduce scatter`, placement.hpp reduce_algorithm: two
 //   rounds of T-1 messages of 1/T of a vector each).
+// - pipeline[:P],expert:E (mixtures of experts): the runtime's expert
+//   placement (placement.hpp): P stage shards and E expert nodes per stage;
+//   read off its programs like the above, the expert requests of a dispatch
+//   op expected under uniform routing (program.hpp expected_dispatch).
 // - expert[:T] (planner only; mixtures of experts): every group of layers is a
 //   TP group of T nodes holding the attention, shared experts, router and
 //   latent projections; every routed expert lives whole on an expert node

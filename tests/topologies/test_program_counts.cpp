@@ -183,6 +183,11 @@ TEST_CASE("the planner's per-token counts are a count over the runtime's own pro
     CHECK(cc.return_hop.messages == rc.logits_messages);
     CHECK(planned->link_bytes_per_token == Approx(rc.busiest_link));
     CHECK(planned->wire_bytes_per_token == Approx(rc.wire));
+    // Check 1: the busiest node's memory is the placement's busiest shard's
+    // (weights, KV cache, buffers; the classifier split as the programs say).
+    uint64_t most = 0;
+    for (const shard& sh : p.shards) most = std::max(most, sh.memory.total());
+    CHECK(planned->memory_per_node_bytes == static_cast<double>(most));
     // Classifier rows: the last stage's rank 0 computes its vocabulary slice.
     const auto last = count_program(station_program(r, l, static_cast<int>(l.groups.size()) - 1, 0),
                                     station_first(l, static_cast<int>(l.groups.size()) - 1), m.dim);
