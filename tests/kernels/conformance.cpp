@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <thread>
 #include <sstream>
 #include <string>
@@ -240,6 +242,49 @@ TEST_CASE("rope conforms on every backend", "[kernels][conformance]") {
       CHECK(k.intact());
     }
   });
+}
+
+// ref::rope_base computes each place's rotation once per call and reuses it
+// for every head (session 12); llama2.c computes it for every pair. Same
+// expressions, so the same floats: checked bit for bit against the per-pair
+// loop written out here, with and without factors and another base, for even
+// and odd head sizes and one over the cache (512 places).
+TEST_CASE("reference rope equals the per-pair rotation bit for bit", "[kernels][conformance]") {
+  struct shape {
+    int nq, nk, head_size, pos;
+  };
+  const shape shapes[] = {{768, 768, 64, 0},  {768, 256, 64, 517}, {64, 32, 8, 3}, {21, 7, 7, 9},
+                          {14, 14, 2, 1},     {6, 0, 6, 2},        {4, 6, 8, 5},   {2048, 1024, 1024, 11}};
+  for (const shape& sh : shapes) {
+    for (int variant = 0; variant < 2; ++variant) {
+      test::rng r(4500u + static_cast<uint32_t>(sh.nq + sh.pos + variant));
+      std::vector<float> q(sh.nq), k(std::max(sh.nk, 1)), factors(sh.head_size / 2 + 1);
+      test::fill(r, q.data(), sh.nq, -2.0f, 2.0f);
+      test::fill(r, k.data(), sh.nk, -2.0f, 2.0f);
+      for (std::size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + static_cast<float>(i % 5);
+      const float base = variant ? 500000.0f : 10000.0f;
+      const float* f = variant ? factors.data() : nullptr;
+      std::vector<float> wq = q, wk = k;
+      for (int i = 0; i < std::max(sh.nq, sh.nk); i += 2) {  // llama2.c's loop
+        const int head_dim = i % sh.head_size;
+        const float freq = 1.0f / powf(base, head_dim / static_cast<float>(sh.head_size));
+        const float val = f ? sh.pos * freq / f[head_dim / 2] : sh.pos * freq;
+        const float fcr = cosf(val), fci = sinf(val);
+        for (int which = 0; which < 2; ++which) {
+          std::vector<float>& v = which ? wk : wq;
+          if (i >= (which ? sh.nk : sh.nq)) continue;
+          const float v0 = v[i], v1 = v[i + 1];
+          v[i] = v0 * fcr - v1 * fci;
+          v[i + 1] = v0 * fci + v1 * fcr;
+        }
+      }
+      ref::rope_base(q.data(), sh.nq, k.data(), sh.nk, sh.pos, sh.head_size, base, f);
+      INFO("rope nq " << sh.nq << " nk " << sh.nk << " head " << sh.head_size << " pos " << sh.pos
+                      << " variant " << variant);
+      CHECK(std::memcmp(q.data(), wq.data(), sizeof(float) * sh.nq) == 0);
+      CHECK(std::memcmp(k.data(), wk.data(), sizeof(float) * sh.nk) == 0);
+    }
+  }
 }
 
 TEST_CASE("softmax conforms on every backend", "[kernels][conformance]") {
