@@ -387,3 +387,84 @@ TEST_CASE("native quantized rows give the same bits in groups of 4 as alone", "[
     }
   }
 }
+
+namespace {
+
+// The AVX-512 level's dot product as scalar code: lane l of two 16-lane
+// accumulators (s0: the first 16 columns of each 32-column step and a last
+// lone 16-column step, s1: the second 16 and the masked tail; every product
+// a fused multiply-add), then the horizontal sum in hsum512's order (+ the
+// other 256 bits, + the neighbouring 128 bits, lanes 0+2 and 1+3, then those).
+float dot_avx512_model(const float* a, const float* b, int n) {
+  float s0[16] = {}, s1[16] = {};
+  int i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 16; ++l) {
+      s0[l] = std::fma(a[i + l], b[i + l], s0[l]);
+      s1[l] = std::fma(a[i + 16 + l], b[i + 16 + l], s1[l]);
+    }
+  if (i + 16 <= n) {
+    for (int l = 0; l < 16; ++l) s0[l] = std::fma(a[i + l], b[i + l], s0[l]);
+    i += 16;
+  }
+  if (i < n)
+    for (int l = 0; l < 16; ++l) s1[l] = i + l < n ? std::fma(a[i + l], b[i + l], s1[l]) : std::fma(0.0f, 0.0f, s1[l]);
+  float v[16], w[16];
+  for (int l = 0; l < 16; ++l) v[l] = s0[l] + s1[l];
+  for (int l = 0; l < 16; ++l) w[l] = v[l] + v[l ^ 8];
+  for (int l = 0; l < 16; ++l) v[l] = w[l] + w[l ^ 4];
+  return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+}  // namespace
+
+// native::attention at the AVX-512 levels (session 12: q and the head's output
+// held in registers for head sizes up to 128, the dot/axpy calls per position
+// beyond) against that order written as scalar code: scores = the level's dot
+// product / sqrt(head_size), reference softmax, then out = fma(a_t, v_t, out)
+// per element in position order from +0. Bit for bit.
+TEST_CASE("native attention at avx512 is its documented operation order bit for bit", "[kernels][native]") {
+  restore saved;
+  struct shape {
+    int n_heads, kv_mul, head_size, pos;
+  };
+  const shape shapes[] = {{12, 1, 64, 0}, {12, 1, 64, 70},  {4, 2, 48, 33}, {3, 1, 7, 9},   {2, 1, 128, 40},
+                          {2, 1, 100, 17}, {2, 2, 33, 5},   {1, 1, 16, 3},  {2, 1, 172, 12}, {1, 1, 257, 4}};
+  bool ran = false;
+  for (native::isa lv : levels()) {
+    if (lv != native::isa::avx512 && lv != native::isa::avx512vnni) continue;
+    REQUIRE(native::set_isa(lv));
+    ran = true;
+    for (const shape& sh : shapes) {
+      test::rng g(8100u + static_cast<uint32_t>(sh.head_size * 31 + sh.pos));
+      const int kv_stride = sh.n_heads / sh.kv_mul * sh.head_size + 3;  // a gap after the kv heads
+      const std::size_t T = static_cast<std::size_t>(sh.pos) + 1;
+      const std::size_t qn = static_cast<std::size_t>(sh.n_heads) * sh.head_size;
+      std::vector<float> q(qn), kc(T * kv_stride), vc(T * kv_stride);
+      test::fill(g, q.data(), qn, -2.0f, 2.0f);
+      test::fill(g, kc.data(), kc.size(), -2.0f, 2.0f);
+      test::fill(g, vc.data(), vc.size());
+      std::vector<float> out(qn), att(sh.n_heads * T), want(qn), want_att(sh.n_heads * T);
+      native::attention(out.data(), q.data(), kc.data(), vc.data(), att.data(), sh.n_heads, sh.kv_mul, sh.head_size,
+                        kv_stride, sh.pos);
+      const float scale = sqrtf(static_cast<float>(sh.head_size));
+      for (int h = 0; h < sh.n_heads; ++h) {
+        const int kvo = (h / sh.kv_mul) * sh.head_size;
+        float* a = &want_att[static_cast<std::size_t>(h) * T];
+        for (std::size_t t = 0; t < T; ++t)
+          a[t] = dot_avx512_model(&q[static_cast<std::size_t>(h) * sh.head_size], &kc[t * kv_stride + kvo],
+                                  sh.head_size) /
+                 scale;
+        ref::softmax(a, static_cast<int>(T));
+        float* o = &want[static_cast<std::size_t>(h) * sh.head_size];
+        for (std::size_t t = 0; t < T; ++t)
+          for (int i = 0; i < sh.head_size; ++i) o[i] = std::fma(a[t], vc[t * kv_stride + kvo + i], o[i]);
+      }
+      INFO(native::to_string(lv) << " heads " << sh.n_heads << " kv_mul " << sh.kv_mul << " head " << sh.head_size
+                                 << " pos " << sh.pos);
+      CHECK(std::memcmp(att.data(), want_att.data(), sizeof(float) * att.size()) == 0);
+      CHECK(std::memcmp(out.data(), want.data(), sizeof(float) * qn) == 0);
+    }
+  }
+  if (!ran) WARN("no AVX-512 level on this CPU: attention order not checked");
+}
