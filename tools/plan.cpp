@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -227,6 +228,7 @@ row_result try_plan(const plan_request& r) {
 void apply_fit(plan_assumptions& a, const plan_assumptions& fit, double efficiency_override) {
   a.compute_efficiency = efficiency_override > 0 ? efficiency_override : std::min(1.0, fit.compute_efficiency);
   a.message_overhead_s = fit.message_overhead_s;
+  a.expert_message_overhead_s = fit.expert_message_overhead_s;
   a.sync_overhead_s = fit.sync_overhead_s;
   a.sync_message_overhead_s = fit.sync_message_overhead_s;
   a.byte_overhead_s = fit.byte_overhead_s;
@@ -237,6 +239,7 @@ void apply_fit(plan_assumptions& a, const plan_assumptions& fit, double efficien
 nlohmann::json constants_json(const plan_assumptions& a) {
   return {{"compute_efficiency", a.compute_efficiency},
           {"message_overhead_s", a.message_overhead_s},
+          {"expert_message_overhead_s", a.expert_message_overhead_s},
           {"sync_overhead_s", a.sync_overhead_s},
           {"sync_message_overhead_s", a.sync_message_overhead_s},
           {"byte_overhead_s", a.byte_overhead_s},
@@ -248,9 +251,11 @@ nlohmann::json constants_json(const plan_assumptions& a) {
 std::string constants_text(const plan_assumptions& a) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "efficiency %.3g, %.3g us per hop message, %.3g us per all-reduce round, "
+                "efficiency %.3g, %.3g us per hop message, %.3g us per expert dispatch/combine message, "
+                "%.3g us per all-reduce round, "
                 "%.3g us per all-reduce message, %.3g ns per byte, transfers +%.0f%%, %.3g us CPU per message",
-                a.compute_efficiency, a.message_overhead_s * 1e6, a.sync_overhead_s * 1e6,
+                a.compute_efficiency, a.message_overhead_s * 1e6, a.expert_message_overhead_s * 1e6,
+                a.sync_overhead_s * 1e6,
                 a.sync_message_overhead_s * 1e6, a.byte_overhead_s * 1e9, a.transfer_excess * 100,
                 a.message_cpu_s * 1e6);
   return buf;
@@ -430,7 +435,10 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
       std::string lines;
       for (int ln : k.lines) lines += (lines.empty() ? "" : " ") + std::to_string(ln);
       md << "| " << k.name << " | " << f("%.4g", k.value) << " | "
-         << (k.fitted ? lines : std::string("none: the base value")) << " | " << k.chain_rows << " / "
+         << (k.fitted                                  ? lines
+             : k.name == "expert_message_overhead_s" ? std::string("none: message_overhead_s's value")
+                                                     : std::string("none: the base value"))
+         << " | " << k.chain_rows << " / "
          << k.busy_rows << " |\n";
     }
     md << "\n| model | topology | nodes | batch | measured TPOT ms | predicted ms | error |\n|---|---|---|---|---|---|---|\n";
@@ -566,7 +574,7 @@ void add_plan(CLI::App& app, int& status) {
   cmd->add_option("--calibrate", o->calibrate, "fit the constants to a sweep CSV (CLI.md sweep columns)");
   cmd->add_option("--calibrate-model", o->calibrate_model,
                   "with --calibrate: the sweep's model (preset or config.json) for rows whose model is not a preset "
-                  "(default: --model)");
+                  "and has no STEM.config.json beside the CSV (default: --model)");
   cmd->add_option("--holdout", o->holdout,
                   "with --calibrate: also fit without the rows RULE holds out (every:K[:J], nodes:N or last:N) and report "
                   "the error of predicting them");
@@ -652,7 +660,28 @@ void add_plan(CLI::App& app, int& status) {
         if (!m) throw cli_error("--calibrate-model: " + m.message(), 2);
         rows_model = *m;
       }
-      const model_resolver resolve = preset_resolver(&rows_model);
+      // A row whose model is a file (lab8.bin, labmoe8.gguf) is planned with
+      // the shape beside the CSV, STEM.config.json, when there is one (the
+      // lab sweeps two models); else a preset, else --calibrate-model.
+      const model_resolver presets = preset_resolver(&rows_model);
+      const std::string csv_dir =
+          o->calibrate.find('/') == std::string::npos ? "." : o->calibrate.substr(0, o->calibrate.rfind('/'));
+      auto shapes = std::make_shared<std::map<std::string, model_spec>>();
+      const model_resolver resolve = [presets, csv_dir, shapes](const std::string& row_model) -> result<model_spec> {
+        std::string stem = row_model.substr(row_model.find_last_of('/') == std::string::npos
+                                                ? 0
+                                                : row_model.find_last_of('/') + 1);
+        if (stem.find('.') != std::string::npos) stem = stem.substr(0, stem.find('.'));
+        const std::string path = csv_dir + "/" + stem + ".config.json";
+        if (stem.empty() || !is_file(path)) return presets(row_model);
+        auto it = shapes->find(path);
+        if (it == shapes->end()) {
+          auto m = spec_from_hf_json(read_text(path), path);
+          if (!m) return m.err();
+          it = shapes->emplace(path, *m).first;
+        }
+        return it->second;
+      };
       auto c = calibrate(*rows, base, resolve);
       if (!c) throw cli_error("--calibrate " + o->calibrate + ": " + c.message());
       cal = std::make_unique<calibration>(*c);

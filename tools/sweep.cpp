@@ -5,7 +5,8 @@
 // one line per topology (and reduce), link and batch. The nodes are in-process, or with
 // --cluster the first N daemons of a cluster file for a point of N nodes
 // (issue #25: calibration over the lab's shaped links; the links are the
-// daemons', so --cluster-link only names them in the CSV). Points the model
+// daemons', so --cluster-link only names them in the CSV). Topology
+// "expert" is the runtime's expert placement on all N nodes (expert:N-1). Points the model
 // cannot be split into (more stages than layers, a tensor group wider than
 // the KV heads) are skipped and listed; points whose run failed are listed
 // too, and the sweep then exits 1.
@@ -157,7 +158,15 @@ int do_sweep(const sweep_opts& o) {
           co.tok = lm.tok;
           co.ctx = o.ctx;
           co.nodes = n;
-          co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n) : topo;
+          // "expert": the runtime's expert placement on all N nodes (one
+          // stage shard and N - 1 expert nodes, expert:N-1).
+          if (topo == "expert" && n < 2) {
+            skipped.push_back(what + ": expert needs 2 or more nodes (a stage shard and an expert node)");
+            continue;
+          }
+          co.topology = topo == "pipeline" || topo == "tensor" ? topo + ":" + std::to_string(n)
+                        : topo == "expert"                     ? "expert:" + std::to_string(n - 1)
+                                                               : topo;
           co.profile = o.profile;
           co.reduce = reduce;
           co.link = link == "none" || !daemons.empty() ? "" : link;
@@ -262,7 +271,11 @@ void add_sweep(CLI::App& app, int& status) {
   cmd->add_option("-p,--topp", o->topp, "top-p")->capture_default_str();
   cmd->add_option("-s,--seed", o->seed, "seed")->capture_default_str();
   cmd->add_option("--nodes", o->nodes, "node counts, e.g. 1,2,4,8,16,32,64")->delimiter(',')->capture_default_str();
-  cmd->add_option("--topology", o->topologies, "pipeline,tensor")->delimiter(',')->capture_default_str();
+  cmd->add_option("--topology", o->topologies,
+                  "pipeline,tensor (each on all N nodes), expert (mixtures of experts: expert:N-1, one stage "
+                  "shard and N-1 expert nodes), or fixed layouts: hybrid:PxT, expert:E")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--profile", o->profile, "node profile")->capture_default_str();
   cmd->add_option("--reduce", o->reduces,
                   "all-reduce algorithms of tensor groups, a point each: direct,scatter (as run's --reduce; "

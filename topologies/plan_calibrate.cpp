@@ -18,12 +18,13 @@ namespace cellshard::topologies {
 
 namespace {
 
-// 1/eff, c_msg, c_sync, c_sync_msg, c_byte, transfer excess, message CPU
-// (plan_calibrate.hpp).
-constexpr int n_params = 7;
+// 1/eff, c_msg, c_sync, c_sync_msg, c_byte, transfer excess, message CPU,
+// c_xmsg (plan_calibrate.hpp).
+constexpr int n_params = 8;
+constexpr int expert_param = 7;
 const char* const param_names[n_params] = {"compute_efficiency", "message_overhead_s",      "sync_overhead_s",
                                            "sync_message_overhead_s", "byte_overhead_s", "transfer_excess",
-                                           "message_cpu_s"};
+                                           "message_cpu_s", "expert_message_overhead_s"};
 
 std::string trim(const std::string& s) {
   size_t b = 0, e = s.size();
@@ -61,7 +62,7 @@ struct features {
 // The serial chain (cost_terms::seconds).
 features chain_features(const cost_terms& c) {
   features f;
-  f.x = {c.compute_s, c.messages, c.syncs, c.sync_messages, c.bytes, c.transfer_s, 0};
+  f.x = {c.compute_s, c.messages, c.syncs, c.sync_messages, c.bytes, c.transfer_s, 0, c.expert_messages};
   f.fixed = c.wire_s + c.throttle_s;
   return f;
 }
@@ -71,7 +72,7 @@ features chain_features(const cost_terms& c) {
 features busy_features(const cost_terms& c, double scale) {
   features f;
   const double q = c.quota > 0 && c.quota < 1 ? c.quota : 1.0;
-  f.x = {c.compute_s / q * scale, 0, 0, 0, c.bytes * scale, 0, c.handled * scale};
+  f.x = {c.compute_s / q * scale, 0, 0, 0, c.bytes * scale, 0, c.handled * scale, 0};
   return f;
 }
 
@@ -83,13 +84,14 @@ plan_assumptions with_params(plan_assumptions a, const std::array<double, n_para
   a.byte_overhead_s = th[4];
   a.transfer_excess = th[5];
   a.message_cpu_s = th[6];
+  a.expert_message_overhead_s = th[7];
   return a;
 }
 
 std::array<double, n_params> params_of(const plan_assumptions& a) {
   const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
   return {1.0 / eff,         a.message_overhead_s, a.sync_overhead_s, a.sync_message_overhead_s,
-          a.byte_overhead_s, a.transfer_excess,    a.message_cpu_s};
+          a.byte_overhead_s, a.transfer_excess,    a.message_cpu_s,    a.expert_message_overhead_s};
 }
 
 // Solves the k x k system M v = r by Gaussian elimination with partial
@@ -229,6 +231,15 @@ result<plan_request> request_for_row(const sweep_row& row, const plan_request& b
   // The stages / tp columns pin the split where the topology text does not.
   if (topo == "pipeline" && row.stages > 0) topo += ":" + std::to_string(row.stages);
   else if (topo == "tensor" && row.tp > 0) topo += ":" + std::to_string(row.tp);
+  // The runtime's expert placement (sweep's "expert": one stage shard and the
+  // point's other N - 1 nodes as expert nodes; "expert:E": E expert nodes) is
+  // the planner's pipeline:1,expert:E, not its own expert:T layout.
+  if (topo == "expert") {
+    if (row.nodes < 2) return make_error(where + "topology expert needs at least 2 nodes (a stage shard and an expert node)");
+    topo = "pipeline:1,expert:" + std::to_string(row.nodes - 1);
+  } else if (topo.rfind("expert:", 0) == 0) {
+    topo = "pipeline:1," + topo;
+  }
   auto t = parse_plan_topology(topo);
   if (!t) return make_error(where + t.message());
   r.topology = *t;
@@ -497,6 +508,9 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
   calibration c;
   c.fitted = with_params(base.assume, theta);
   c.fitted.one_sequence_per_step = base.assume.one_sequence_per_step;
+  // No row of the runtime's expert placement: an expert message is priced
+  // as a hop message (the one mechanism measured), not the base value.
+  if (!fit.usable[expert_param]) c.fitted.expert_message_overhead_s = c.fitted.message_overhead_s;
   c.free = free_names;
   // Each constant with the rows that determine it (a non-zero feature in the
   // row's final regime).
@@ -506,7 +520,7 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
     const plan_assumptions& f = c.fitted;
     const double values[n_params] = {f.compute_efficiency,      f.message_overhead_s, f.sync_overhead_s,
                                      f.sync_message_overhead_s, f.byte_overhead_s,    f.transfer_excess,
-                                     f.message_cpu_s};
+                                     f.message_cpu_s,           f.expert_message_overhead_s};
     fc.value = values[j];
     for (size_t i = 0; i < ps.size(); ++i) {
       const bool uses = fs[i].x[static_cast<size_t>(j)] > 0;

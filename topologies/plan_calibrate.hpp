@@ -10,9 +10,10 @@
 // is planned as the runtime that measured it steps: one sequence per station
 // step (plan_assumptions::one_sequence_per_step), so a row of batch B takes
 // max(chain, B x the busiest station's CPU) per token. In either regime the
-// time is linear in seven constants:
+// time is linear in eight constants:
 //   chain = wire_s + throttle_s + compute_s / eff + messages x c_msg
-//           + syncs x c_sync + sync_messages x c_rmsg + bytes x c_byte
+//           + expert_messages x c_xmsg + syncs x c_sync
+//           + sync_messages x c_rmsg + bytes x c_byte
 //           + transfer_s x transfer_excess
 //   busy  = B x (compute_s / (eff x quota) + handled x c_cpu + bytes x c_byte)
 // where the terms come from the layout of the row (its model, nodes,
@@ -23,9 +24,13 @@
 // starting assignments, keeping the lowest error of the max() model. On
 // hardware with a CPU quota (hardware_spec::cpu_quota: the lab) throttle_s
 // depends on eff, which is then searched (log grid, golden section) with the
-// other six fitted at each candidate. Constants whose feature is zero in
+// others fitted at each candidate. Constants whose feature is zero in
 // every row keep the base value (on in-process rows, link "none", the per-byte
-// and transfer terms are zero). Each fitted constant lists its source rows.
+// and transfer terms are zero), except c_xmsg (expert dispatch/combine
+// messages, seconds each), which without rows of the runtime's expert
+// placement takes the fitted c_msg. Each fitted constant lists its source rows.
+// Rows of topology "expert" (sweep: one stage shard + N - 1 expert nodes) or
+// "expert:E" are planned as pipeline:1,expert:N-1 / pipeline:1,expert:E.
 // The fitted constants carry no one_sequence_per_step flag: a plan made with
 // them keeps the planner's batched stations.
 //
@@ -44,7 +49,7 @@ namespace cellshard::topologies {
 struct sweep_row {
   int line = 0;  // 1-based line in the file
   std::string model;
-  std::string topology;  // "pipeline", "tensor", "hybrid:2x2", ...
+  std::string topology;  // "pipeline", "tensor", "hybrid:2x2", "expert" (the runtime's), ...
   int nodes = 0;
   int stages = 0;  // 0 = not given
   int tp = 0;
@@ -95,7 +100,8 @@ struct fitted_constant {
 
 struct calibration {
   plan_assumptions fitted;  // base with the eight constants replaced
-  std::vector<fitted_constant> constants;  // the eight, in the order of the model above
+  std::vector<fitted_constant> constants;  // the eight: efficiency, c_msg, c_sync, c_rmsg, c_byte,
+                                           // transfer excess, c_cpu, c_xmsg
   std::vector<calibration_point> points;
   double max_abs_error = 0;
   double rms_error = 0;

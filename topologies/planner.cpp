@@ -82,6 +82,15 @@ cost_terms message(const rates& x, double n, double bytes) {
   return c;
 }
 
+// `n` expert dispatch (or combine) messages: as message(), counted apart
+// (cost_terms::expert_messages, plan_assumptions::expert_message_overhead_s).
+cost_terms expert_message(const rates& x, double n, double bytes) {
+  cost_terms c = message(x, n, bytes);
+  c.expert_messages = c.messages;
+  c.messages = 0;
+  return c;
+}
+
 int tp_limit(const model_spec& m) {
   bool all_gqa = true;
   for (int l = 0; l < m.n_layers; ++l) all_gqa = all_gqa && m.attention_of(l) == attention_kind::gqa;
@@ -271,7 +280,8 @@ bool layout_fits(const plan_layout& l, double budget) {
 namespace {
 double comm_seconds(const cost_terms& c, const plan_assumptions& a) {
   return c.wire_s + c.transfer_s * a.transfer_excess + c.messages * a.message_overhead_s +
-         c.syncs * a.sync_overhead_s + c.sync_messages * a.sync_message_overhead_s + c.bytes * a.byte_overhead_s;
+         c.expert_messages * a.expert_message_overhead_s + c.syncs * a.sync_overhead_s +
+         c.sync_messages * a.sync_message_overhead_s + c.bytes * a.byte_overhead_s;
 }
 }  // namespace
 
@@ -298,6 +308,7 @@ cost_terms& cost_terms::operator+=(const cost_terms& o) {
   wire_s += o.wire_s;
   transfer_s += o.transfer_s;
   messages += o.messages;
+  expert_messages += o.expert_messages;
   syncs += o.syncs;
   sync_messages += o.sync_messages;
   bytes += o.bytes;
@@ -545,7 +556,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           const double distinct = distinct_experts(m.n_experts, m.n_active_experts, b);
           const double lat_bytes = static_cast<double>(b) * m.n_active_experts * m.routed_dim() * act / T;
           const double msgs = std::ceil(distinct / T);
-          work += message(x, msgs, lat_bytes);
+          work += expert_message(x, msgs, lat_bytes);
           work.handled += 2 * msgs;  // dispatched and combined back
           const int epn = std::max(1, std::min(l.experts_per_node, m.n_experts));
           const double hits = std::max(1.0, std::min<double>(epn, distinct_experts(m.n_experts, m.n_active_experts, b) *
@@ -555,7 +566,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           const double e_read = hits * expert_bytes(m);
           work.compute_s += node_time(x, e_read, tokens * 2.0 * expert_params(m));
           out.read_bytes_busiest = std::max(out.read_bytes_busiest, e_read);
-          work += message(x, msgs, lat_bytes);
+          work += expert_message(x, msgs, lat_bytes);
         }
       }
       if (!expert_topo) {
@@ -578,11 +589,11 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           if (st.op != shard_op::dispatch || !m.moe_layer(st.layers.begin)) continue;
           const dispatch_traffic dt = expected_dispatch(st, m.n_experts, m.n_active_experts, b);
           const double vec = static_cast<double>(m.routed_dim()) * act;
-          work += message(x, dt.messages, dt.vectors_out * vec);
+          work += expert_message(x, dt.messages, dt.vectors_out * vec);
           const double e_read = std::max(1.0, dt.busiest_experts) * expert_bytes(m);
           work.compute_s += node_time(x, e_read, std::max(1.0, dt.busiest_pairs) * 2.0 * expert_params(m));
           out.read_bytes_busiest = std::max(out.read_bytes_busiest, e_read);
-          work += message(x, dt.messages, dt.vectors_back * vec);
+          work += expert_message(x, dt.messages, dt.vectors_back * vec);
           work.handled += 2 * dt.messages;  // dispatched and combined back
         }
       }
@@ -1264,6 +1275,7 @@ std::string to_json(const plan_result& p, int indent) {
   const plan_assumptions& a = r.assume;
   j["assumptions"] = {{"compute_efficiency", a.compute_efficiency},
                       {"message_overhead_s", a.message_overhead_s},
+                      {"expert_message_overhead_s", a.expert_message_overhead_s},
                       {"sync_overhead_s", a.sync_overhead_s},
                       {"sync_message_overhead_s", a.sync_message_overhead_s},
                       {"transfer_excess", a.transfer_excess},

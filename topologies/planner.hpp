@@ -98,6 +98,15 @@ struct plan_assumptions {
   /// throttled as quota_step_seconds says.
   double compute_efficiency = 1.0;
   double message_overhead_s = 0;  // per message of a hop on the chain (stage to stage, session; calibrated)
+  /// Per expert dispatch or combine message on the chain (a stage shard's
+  /// latent vectors to an expert node and that node's outputs back; issue
+  /// #25); separate from message_overhead_s because an expert exchange is a
+  /// request and its reply between different actors than a hop. One constant
+  /// for both directions: every layout sends as many combines as dispatches,
+  /// so no sweep can tell the two apart. Calibrated from rows of the runtime's
+  /// expert placement; a calibration without such rows sets it to the fitted
+  /// message_overhead_s (plan_calibrate.cpp).
+  double expert_message_overhead_s = 0;
   double sync_overhead_s = 0;     // per all-reduce round: the wait for the slowest rank (calibrated)
   /// Per message a rank sends inside an all-reduce round (T-1 per round
   /// direct), on the chain; separate from message_overhead_s because a round's
@@ -179,14 +188,16 @@ struct cost_terms {
   double quota = 1;      // share of the full rate a busy node sustains (hardware_spec::cpu_quota; 1 = none)
   double wire_s = 0;     // latency + transfer at the link's payload rate
   double transfer_s = 0; // the transfer part of wire_s (bytes / payload rate)
-  double messages = 0;   // messages of hops (and expert dispatch/combine)
+  double messages = 0;   // messages of hops
+  double expert_messages = 0;  // expert dispatch and combine messages (each one message)
   double syncs = 0;      // all-reduce rounds
   double sync_messages = 0;  // messages the busiest rank sends inside all-reduce rounds
   double bytes = 0;      // bytes serialised (0 on in-process links)
   double hops = 0;       // transfers whose latency is on the path (not in seconds())
   double handled = 0;    // messages the busiest rank sends + receives (station work only)
   /// On the chain (latency): compute_s / eff + throttle_s + wire_s +
-  /// transfer_s x transfer_excess + messages x message_overhead + syncs x
+  /// transfer_s x transfer_excess + messages x message_overhead +
+  /// expert_messages x expert_message_overhead + syncs x
   /// sync_overhead + sync_messages x sync_message_overhead + bytes x byte_overhead.
   double seconds(const plan_assumptions& a) const;
   /// A busy station's step (throughput): compute at the sustained rate

@@ -209,9 +209,14 @@ TEST_CASE("calibration recovers the constants a synthetic sweep was made with", 
   // Every constant names its source rows: the per-hop cost the chain rows,
   // the message CPU the batch rows (in process, lines 29-37), the transfer
   // excess only rows over shaped links.
-  REQUIRE(c->constants.size() == 7);
+  REQUIRE(c->constants.size() == 8);
   for (const auto& k : c->constants) {
     INFO(k.name);
+    if (k.name == "expert_message_overhead_s") {  // no expert placement in the sweep: a hop message's cost
+      CHECK_FALSE(k.fitted);
+      CHECK(k.value == c->fitted.message_overhead_s);
+      continue;
+    }
     CHECK(k.fitted);
     CHECK(k.chain_rows + k.busy_rows == static_cast<int>(k.lines.size()));
     if (k.name == "message_cpu_s") {  // every batch-4 row (and 1-node rows whose station outlasts the chain)
@@ -290,6 +295,88 @@ TEST_CASE("calibration under a CPU quota recovers the constants of a synthetic l
   REQUIRE(p);
   CHECK(p->chain_compute_s > 1.5 * p->chain_busy_compute_s * 0.25);
   CHECK(p->chain_compute_s < p->chain_busy_compute_s);
+}
+
+TEST_CASE("calibration recovers the expert dispatch and combine cost from a synthetic lab grid with experts",
+          "[planner][calibrate]") {
+  // The lab's grid (scripts/calibrate-lab.sh): the dense stories110m rows of
+  // the quota test, then the runtime's expert placement of an 8-expert top-2
+  // model (the lab's labmoe8 shape) on 2, 4 and 8 daemons ("expert" =
+  // pipeline:1,expert:N-1), at batch 1 and 8, over both links.
+  plan_request base = host_base();
+  base.hw.cpu_quota = 0.25;
+  base.hw.cpu_quota_period_s = 0.01;
+  base.hw.parallel_nodes = 0;
+  base.context = 16;
+  plan_assumptions truth = synthetic_truth(base);
+  truth.compute_efficiency = 0.6;
+  truth.message_overhead_s = 400e-6;
+  truth.expert_message_overhead_s = 900e-6;
+  truth.sync_overhead_s = 1.5e-3;
+  truth.sync_message_overhead_s = 1e-3;
+  truth.byte_overhead_s = 1e-9;
+  truth.transfer_excess = 0.5;
+  truth.message_cpu_s = 300e-6;
+  auto moe = spec_from_hf_json(
+      R"({"hidden_size": 256, "moe_intermediate_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+          "num_key_value_heads": 8, "vocab_size": 512, "max_position_embeddings": 256, "tie_word_embeddings": true,
+          "num_experts": 8, "num_experts_per_tok": 2, "torch_dtype": "float32"})",
+      "labmoe8.config.json");
+  REQUIRE(moe);
+  int points = 0;
+  std::string csv = synthetic_sweep(base, truth, points, "stories110m", true);
+  const int dense_lines = points + 1;  // the header is line 1
+  std::vector<int> expert_lines;
+  for (int batch : {1, 8})
+    for (const char* link : {"1gbit:100us", "100mbit:1ms"})
+      for (int n : {2, 4, 8}) {
+        plan_request r = base;
+        r.model = *moe;
+        r.nodes = n;
+        r.batch = batch;
+        r.topology = *parse_plan_topology("pipeline:1,expert:" + std::to_string(n - 1));
+        r.assume = truth;
+        r.assume.one_sequence_per_step = true;
+        r.hw.node.link = *parse_link(link);
+        auto p = plan(r);
+        REQUIRE(p);
+        // Batch 1 rows sit on the chain, where dispatch and combine are.
+        if (batch == 1) CHECK(p->chain_overhead_s > 0);
+        char line[256];
+        std::snprintf(line, sizeof line, "labmoe8.gguf,expert,%d,0,0,%s,%d,0,%.17g,0,%.17g,%.17g,0\n", n, link, batch,
+                      p->per_token_latency_s * 1000, p->tokens_per_s, predicted_comm_share(*p));
+        csv += line;
+        expert_lines.push_back(dense_lines + static_cast<int>(expert_lines.size()) + 1);
+      }
+  auto rows = parse_sweep_csv(csv, "lab.csv");
+  REQUIRE(rows);
+  REQUIRE(rows->size() == 24 + 12);
+  auto c = calibrate(*rows, base, preset_resolver(&*moe));
+  REQUIRE(c);
+  CHECK(c->fitted.expert_message_overhead_s == Approx(truth.expert_message_overhead_s).epsilon(1e-4));
+  CHECK(c->fitted.message_overhead_s == Approx(truth.message_overhead_s).epsilon(1e-4));
+  CHECK(c->fitted.compute_efficiency == Approx(truth.compute_efficiency).epsilon(1e-5));
+  CHECK(c->fitted.sync_overhead_s == Approx(truth.sync_overhead_s).epsilon(1e-4));
+  CHECK(c->fitted.message_cpu_s == Approx(truth.message_cpu_s).epsilon(1e-4));
+  CHECK(c->max_abs_error < 1e-5);
+  // Its source rows are expert rows, and every batch-1 expert row is one.
+  bool found = false;
+  for (const auto& k : c->constants) {
+    if (k.name != "expert_message_overhead_s") continue;
+    found = true;
+    CHECK(k.fitted);
+    for (int ln : k.lines) CHECK(std::count(expert_lines.begin(), expert_lines.end(), ln) == 1);
+    for (size_t i = 0; i < 6; ++i) CHECK(std::count(k.lines.begin(), k.lines.end(), expert_lines[i]) == 1);
+  }
+  CHECK(found);
+  // The rows are planned as the runtime placed them.
+  CHECK(c->points.back().topology == "pipeline:1,expert:7");
+  // A row of one node cannot be an expert placement.
+  sweep_row one = rows->back();
+  one.nodes = 1;
+  auto bad = request_for_row(one, base, preset_resolver(&*moe));
+  REQUIRE_FALSE(bad);
+  CHECK(bad.message().find("at least 2 nodes") != std::string::npos);
 }
 
 TEST_CASE("calibration on the sweep measured here: within 20% at every point", "[planner][calibrate]") {

@@ -344,8 +344,10 @@ TEST_CASE("the runtime's expert placement in the planner: its programs and expec
       for (const shard_step& st : head.program) dispatches += st.op == shard_op::dispatch ? 1 : 0;
       CHECK(dispatches == sg.layers.size());
       INFO("stage " << sg.index << ": " << per_layer << " requests per MoE layer");
-      // Hop messages of the station's work: a request and a reply per expert node chosen.
-      CHECK(cc.station_work[static_cast<size_t>(sg.index)].messages == Approx(2 * dispatches * per_layer));
+      // Expert messages of the station's work (priced apart from hop
+      // messages): a request and a reply per expert node chosen.
+      CHECK(cc.station_work[static_cast<size_t>(sg.index)].expert_messages == Approx(2 * dispatches * per_layer));
+      CHECK(cc.station_work[static_cast<size_t>(sg.index)].messages == 0);
       // Bytes: xb once per request, one output per chosen expert back.
       CHECK(cc.station_work[static_cast<size_t>(sg.index)].bytes ==
             Approx(dispatches * (per_layer + m.n_active_experts) * vec));
