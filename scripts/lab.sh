@@ -4,7 +4,7 @@
 # shaped with tc tbf (netem is not available on these machines), a cellshard
 # node daemon in every namespace, and the front end on the bridge.
 #
-#   scripts/lab.sh up N [--rate 1gbit] [--profile ps3] [--cpu PCT] [--threads T]
+#   scripts/lab.sh up N [--rate 1gbit] [--profile ps3] [--cpu PCT] [--threads T] [--nice N]
 #                                                         create, start the daemons, verify the shaping
 #   scripts/lab.sh run [run's flags...]                   cellshard run --cluster <the lab's cluster.json> ...
 #   scripts/lab.sh status                                 what is up
@@ -20,6 +20,16 @@
 # capped (issue #25), so 8 daemons on 2 cores measure the links and the
 # protocol rather than the contention; --threads T is the daemons' kernel
 # threads (default 1 with --cpu).
+#
+# --nice N (-20..19, e.g. -10) runs the daemons and the iperf3 check at that
+# scheduling priority: under `nice -n N`, and with --cpu their cgroups get the
+# CFS weight of a nice-N task (cpu.weight.nice on v2; cpu.shares =
+# 1024 x 1.25^-N on v1), since a task's nice counts only against the tasks of
+# its own cgroup. It makes other runnable processes (builds, tests) yield the
+# CPU to the daemons sooner; it does not cap those processes, and does not
+# protect against memory-bandwidth and cache contention, processes at the same
+# or a higher priority, or kernel work (softirqs of the veth/tc links run on
+# whatever core is interrupted). The quota still caps each daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -36,15 +46,19 @@ die() { echo "lab.sh: $*" >&2; exit 1; }
 # The cgroup of daemon $1 with a quota of $2 % of one core; prints its
 # cgroup.procs path. cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us).
 cg_make() {
-  local name=$PREFIX-$1 pct=$2 dir
+  local name=$PREFIX-$1 pct=$2 nice=${3:-} dir
   if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
     dir=/sys/fs/cgroup/$name
     mkdir -p "$dir" || return 1
     echo "$((pct * 100)) 10000" > "$dir/cpu.max" || return 1
+    if [ -n "$nice" ]; then echo "$nice" > "$dir/cpu.weight.nice" || return 1; fi
   elif [ -d /sys/fs/cgroup/cpu ]; then
     dir=/sys/fs/cgroup/cpu/$name
     mkdir -p "$dir" || return 1
     echo 10000 > "$dir/cpu.cfs_period_us" && echo "$((pct * 100))" > "$dir/cpu.cfs_quota_us" || return 1
+    if [ -n "$nice" ]; then
+      awk -v n="$nice" 'BEGIN{printf "%d\n", 1024 * 1.25 ^ (-n)}' > "$dir/cpu.shares" || return 1
+    fi
   else
     return 1
   fi
@@ -75,20 +89,24 @@ down() {
 
 up() {
   local n=$1; shift
-  local rate=1gbit profile=host cpu="" threads=""
+  local rate=1gbit profile=host cpu="" threads="" nice=""
   while [ $# -gt 0 ]; do
     case $1 in
       --rate) rate=$2; shift 2 ;;
       --profile) profile=$2; shift 2 ;;
       --cpu) cpu=$2; shift 2 ;;
       --threads) threads=$2; shift 2 ;;
+      --nice) nice=$2; shift 2 ;;
       *) die "up: unknown option $1" ;;
     esac
   done
   [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 64 ] || die "up: N must be 2..64"
   [ -z "$cpu" ] || { [[ $cpu =~ ^[0-9]+$ ]] && [ "$cpu" -ge 1 ] && [ "$cpu" -le 100 ]; } || die "up: --cpu PCT must be 1..100"
   [ -z "$threads" ] || { [[ $threads =~ ^[0-9]+$ ]] && [ "$threads" -ge 1 ]; } || die "up: --threads T must be >= 1"
+  [ -z "$nice" ] || { [[ $nice =~ ^-?[0-9]+$ ]] && [ "$nice" -ge -20 ] && [ "$nice" -le 19 ]; } || die "up: --nice N must be -20..19"
   if [ -n "$cpu" ] && [ -z "$threads" ]; then threads=1; fi
+  local nicer=()
+  if [ -n "$nice" ]; then nicer=(nice -n "$nice"); fi
   [ "$(id -u)" -eq 0 ] || die "needs root (ip netns, tc)"
   command -v iperf3 >/dev/null || die "needs iperf3 (scripts/install-deps.sh)"
   [ -x "$BIN" ] || die "no cellshard binary at $BIN (scripts/build.sh)"
@@ -120,11 +138,11 @@ up() {
   target=$(echo "$rate" | awk '{v=$1+0; u=tolower($1); if (u ~ /gbit/) v*=1e9; else if (u ~ /mbit/) v*=1e6; else if (u ~ /kbit/) v*=1e3; print v}')
   local measured="" ok=0
   for attempt in 1 2 3; do
-    ip netns exec "$PREFIX-0" iperf3 -s -1 -B "$SUBNET.10" -p 5201 >/dev/null 2>&1 &
+    ${nicer[@]+"${nicer[@]}"} ip netns exec "$PREFIX-0" iperf3 -s -1 -B "$SUBNET.10" -p 5201 >/dev/null 2>&1 &
     local srv=$!
     measured=""
     for _ in $(seq 1 50); do  # wait for the server, at most 5 s
-      if ip netns exec "$PREFIX-1" iperf3 -c "$SUBNET.10" -p 5201 -t 2 -J > "$LAB/iperf.json" 2>/dev/null; then
+      if ${nicer[@]+"${nicer[@]}"} ip netns exec "$PREFIX-1" iperf3 -c "$SUBNET.10" -p 5201 -t 2 -J > "$LAB/iperf.json" 2>/dev/null; then
         # (|| true: under pipefail a report without the field must not end the script)
         measured=$( (grep -m1 -A8 '"sum_received"' "$LAB/iperf.json" | grep bits_per_second | tr -dc '0-9.') || true)
         break
@@ -149,10 +167,10 @@ up() {
     # (--insecure: a plain daemon otherwise binds loopback only); use
     # `cellshard certs` and --tls-* for links anyone else can reach.
     local procs=/dev/null
-    if [ -n "$cpu" ]; then procs=$(cg_make "$i" "$cpu") || die "cannot make a cgroup with a CPU quota (cgroup v1 or v2 cpu controller)"; fi
+    if [ -n "$cpu" ]; then procs=$(cg_make "$i" "$cpu" "$nice") || die "cannot make a cgroup with a CPU quota (cgroup v1 or v2 cpu controller)"; fi
     # The shell joins the cgroup, then becomes the daemon (exec keeps the pid);
     # before `ip netns exec`, which mounts the namespace's own /sys.
-    CS_PROCS=$procs bash -c 'echo $$ > "$CS_PROCS"; exec "$@"' lab-node ip netns exec "$ns" \
+    CS_PROCS=$procs bash -c 'echo $$ > "$CS_PROCS"; exec "$@"' lab-node ${nicer[@]+"${nicer[@]}"} ip netns exec "$ns" \
       "$BIN" node --listen "$ip:$PORT" --insecure --profile "$profile" --models "$MODELS" -q \
       ${threads:+--threads "$threads"} > "$LAB/node$i.out" 2> "$LAB/node$i.err" &
     echo $! >> "$LAB/pids"
@@ -167,15 +185,15 @@ up() {
   echo "$json" > "$LAB/cluster.json"
   echo "$n" > "$LAB/nodes"
   trap - INT TERM EXIT
-  echo "lab up: $n nodes on $SUBNET.0/24 at $rate${cpu:+, each daemon capped at $cpu% of a core}; cluster file $LAB/cluster.json"
+  echo "lab up: $n nodes on $SUBNET.0/24 at $rate${cpu:+, each daemon capped at $cpu% of a core}${nice:+, nice $nice}; cluster file $LAB/cluster.json"
 }
 
 case ${1:-} in
-  up) shift; [ $# -ge 1 ] || die "usage: lab.sh up N [--rate R] [--profile P] [--cpu PCT] [--threads T]"; up "$@" ;;
+  up) shift; [ $# -ge 1 ] || die "usage: lab.sh up N [--rate R] [--profile P] [--cpu PCT] [--threads T] [--nice N]"; up "$@" ;;
   run) shift; [ -f "$LAB/cluster.json" ] || die "the lab is not up (lab.sh up N)"; exec "$BIN" run --cluster "$LAB/cluster.json" "$@" ;;
   status)
     ip netns list | grep "^$PREFIX-" || echo "no lab namespaces"
     [ -f "$LAB/cluster.json" ] && cat "$LAB/cluster.json" || true ;;
   down) down; echo "lab down" ;;
-  *) echo "usage: lab.sh up N [--rate R] [--profile P] [--cpu PCT] [--threads T] | run ARGS | status | down" >&2; exit 2 ;;
+  *) echo "usage: lab.sh up N [--rate R] [--profile P] [--cpu PCT] [--threads T] [--nice N] | run ARGS | status | down" >&2; exit 2 ;;
 esac
