@@ -29,3 +29,25 @@ left_procs=$(pgrep -f "node --listen 10.231.0." | wc -l)
 [ "$left_links" -eq 0 ] || fail "$left_links links left"
 [ "$left_procs" -eq 0 ] || fail "$left_procs daemons left"
 echo "lab up/down: nothing left behind"
+# --cpu with --nice: each daemon runs at that nice value, in a cgroup with its
+# quota and the CFS weight of a nice -10 task (v1: 1024 x 1.25^10 = 9536).
+out=$(bash "$src/scripts/lab.sh" up 2 --rate 100mbit --cpu 25 --nice -10 2>&1) ||
+  out=$(bash "$src/scripts/lab.sh" up 2 --rate 100mbit --cpu 25 --nice -10 2>&1) || fail "up --nice failed: $out"
+echo "$out"
+pid=$(head -1 "$CELLSHARD_LAB/pids")
+ni=$(ps -o ni= -p "$pid" | tr -d ' ')
+[ "$ni" = "-10" ] || fail "daemon $pid runs at nice '$ni', expected -10"
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  w=$(cat /sys/fs/cgroup/cslab-0/cpu.weight.nice); [ "$w" = "-10" ] || fail "cpu.weight.nice $w, expected -10"
+  q=$(cat /sys/fs/cgroup/cslab-0/cpu.max); [ "$q" = "2500 10000" ] || fail "cpu.max '$q', expected 2500 10000"
+else
+  w=$(cat /sys/fs/cgroup/cpu/cslab-0/cpu.shares); [ "$w" = "9536" ] || fail "cpu.shares $w, expected 9536"
+  q=$(cat /sys/fs/cgroup/cpu/cslab-0/cpu.cfs_quota_us); [ "$q" = "2500" ] || fail "cfs_quota_us $q, expected 2500"
+fi
+grep -qx "$pid" "$( [ -f /sys/fs/cgroup/cgroup.controllers ] && echo /sys/fs/cgroup/cslab-0 || echo /sys/fs/cgroup/cpu/cslab-0)/cgroup.procs" ||
+  fail "daemon $pid is not in its cgroup"
+bash "$src/scripts/lab.sh" up 2 --nice -30 >/dev/null 2>&1 && fail "--nice -30 accepted"
+bash "$src/scripts/lab.sh" down || fail "down failed"
+left=$(ls -d /sys/fs/cgroup/cslab-* /sys/fs/cgroup/cpu/cslab-* 2>/dev/null | wc -l)
+[ "$left" -eq 0 ] || fail "$left cgroups left"
+echo "lab up --cpu --nice: daemons at nice -10 in weighted cgroups, nothing left behind"
