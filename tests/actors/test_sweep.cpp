@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
+#include <vector>
 
 using namespace cellshard;
 
@@ -62,6 +63,50 @@ TEST_CASE("gguf: a sweep over stories260K.gguf", "[sweep][gguf]") {
     CHECK(std::count(line.begin(), line.end(), ',') == 13);
   }
   CHECK(rows == 4);
+}
+
+TEST_CASE("sweep --topology expert: the runtime's expert placement on all N nodes", "[sweep]") {
+  // Issue #25: the lab sweeps a mixture of experts as expert:N-1 (one stage
+  // shard, N - 1 expert nodes) and the planner calibrates on those rows as
+  // pipeline:1,expert:N-1.
+  if (!test::have_shared()) return;
+  const std::string tmp = test::temp_dir("sweep-expert");
+  const std::string model = tmp + "/moe4.gguf", dir = tmp + "/out";
+  auto s = test::run_command({test::cellshard_bin(), "synth", "--config", "custom", "--dim", "64", "--hidden", "64",
+                              "--layers", "2", "--heads", "4", "--kv-heads", "4", "--vocab", "512", "--seq-len", "64",
+                              "--experts", "4", "--experts-used", "2", "-o", model},
+                             60);
+  INFO(s.err);
+  REQUIRE(s.status == 0);
+  auto r = test::run_command({test::cellshard_bin(), "sweep", "-m", model, "-z", test::shared_file("models/tok512.bin"),
+                              "-n", "8", "--nodes", "1,2,3", "--topology", "expert", "--out", dir, "--no-plots"},
+                             180);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("skipped 1 point(s)") && Catch::Contains("expert 1 nodes") &&
+                        Catch::Contains("expert needs 2 or more nodes"));
+  std::istringstream csv(test::read_file(dir + "/sweep.csv"));
+  std::string header, line;
+  std::getline(csv, header);
+  std::vector<std::string> lines;
+  while (std::getline(csv, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 2);
+  // model,topology,nodes,stages,tp: one stage whose shards are all N nodes.
+  CHECK_THAT(lines[0], Catch::StartsWith("moe4.gguf,expert,2,1,2,none,1,"));
+  CHECK_THAT(lines[1], Catch::StartsWith("moe4.gguf,expert,3,1,3,none,1,"));
+  // The planner reads the rows as the runtime's placement, with the shape
+  // beside the CSV (STEM.config.json; --model is a dense preset here).
+  std::ofstream(dir + "/moe4.config.json") << R"({"hidden_size": 64, "moe_intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 64,
+    "tie_word_embeddings": true, "num_experts": 4, "num_experts_per_tok": 2, "torch_dtype": "float32"})";
+  auto p = test::run_command({test::cellshard_bin(), "plan", "-m", "stories260k", "--nodes", "1", "--baseline", "none",
+                              "--calibrate", dir + "/sweep.csv", "--json", tmp + "/plan.json"},
+                             120);
+  INFO(p.out << p.err);
+  REQUIRE(p.status == 0);
+  const std::string js = test::read_file(tmp + "/plan.json");
+  CHECK_THAT(js, Catch::Contains("pipeline:1,expert:1") && Catch::Contains("pipeline:1,expert:2") &&
+                     Catch::Contains("expert_message_overhead_s"));
 }
 
 // Issue #25: `sweep --cluster` measures node daemons (the lab's, shaped by tc;
