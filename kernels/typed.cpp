@@ -10,6 +10,12 @@
 // - vec_dot_q6_K_q8_K: per block, fp16(d) * dx * sum of scale * integer dot.
 // - f16 / bf16: the activations rounded to the weight's 16-bit type, products
 //   summed in f32.
+// - q8_1 activations (x86 quantize_row_q8_1): q8_0's d and rounding, plus
+//   s = fp16(d * sum of the block's q) (d before its fp16 rounding).
+// - vec_dot_q4_1_q8_1 / q5_1_q8_1: per block fp16(dw) * fp16(dx) * integer sum
+//   of q * xq, plus fp16(m) * fp16(s). vec_dot_q5_0_q8_0: (q - 16) * xq summed,
+//   times fp16(dw) * fp16(dx).
+// - vec_dot_q5_K_q8_K: vec_dot_q4_K_q8_K with 5-bit q.
 #include "kernels/reference.hpp"
 #include "kernels/types.hpp"
 
@@ -155,6 +161,107 @@ void ggml_q6_k(float* out, const uint8_t* W, size_t stride, const float* x, int 
   }
 }
 
+void quantize_x_q8_1(const float* x, block_q8_1* y, int cols) {
+  for (int i = 0; i < cols / 32; ++i, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    y[i].d = fp32_to_fp16(d);
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      y[i].qs[j] = static_cast<int8_t>(std::nearbyintf(x[j] * id));
+      sum += y[i].qs[j];
+    }
+    y[i].s = fp32_to_fp16(d * static_cast<float>(sum));
+  }
+}
+
+uint32_t fifth_bits(const uint8_t qh[4]) {
+  return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+         static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
+}
+
+// Q4_1, Q5_0, Q5_1 against q8_1 (q8_0 for Q5_0) activation blocks.
+template <dtype T>
+void ggml_q32(float* out, const uint8_t* W, size_t stride, const float* x, int rows, int cols) {
+  const int nb = cols / 32;
+  thread_local std::vector<block_q8_1> x1;
+  thread_local std::vector<q8_block> x0;
+  if (T == dtype::q5_0) {
+    x0.resize(nb);
+    quantize_x_q8_0(x, x0.data(), cols);
+  } else {
+    x1.resize(nb);
+    quantize_x_q8_1(x, x1.data(), cols);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = W + r * stride;
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      int s = 0;
+      if constexpr (T == dtype::q4_1) {
+        const block_q4_1& w = reinterpret_cast<const block_q4_1*>(row)[b];
+        for (int j = 0; j < 16; ++j)
+          s += (w.qs[j] & 0x0F) * x1[b].qs[j] + (w.qs[j] >> 4) * x1[b].qs[j + 16];
+        sum += (fp16_to_fp32(w.d) * fp16_to_fp32(x1[b].d)) * static_cast<float>(s) +
+               fp16_to_fp32(w.m) * fp16_to_fp32(x1[b].s);
+      } else if constexpr (T == dtype::q5_0) {
+        const block_q5_0& w = reinterpret_cast<const block_q5_0*>(row)[b];
+        const uint32_t qh = fifth_bits(w.qh);
+        for (int j = 0; j < 16; ++j) {
+          const int q0 = ((w.qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4)) - 16;
+          const int q1 = ((w.qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4)) - 16;
+          s += q0 * x0[b].qs[j] + q1 * x0[b].qs[j + 16];
+        }
+        sum += static_cast<float>(s) * (fp16_to_fp32(w.d) * fp16_to_fp32(x0[b].d));
+      } else {
+        const block_q5_1& w = reinterpret_cast<const block_q5_1*>(row)[b];
+        const uint32_t qh = fifth_bits(w.qh);
+        for (int j = 0; j < 16; ++j) {
+          const int q0 = (w.qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4);
+          const int q1 = (w.qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+          s += q0 * x1[b].qs[j] + q1 * x1[b].qs[j + 16];
+        }
+        sum += (fp16_to_fp32(w.d) * fp16_to_fp32(x1[b].d)) * static_cast<float>(s) +
+               fp16_to_fp32(w.m) * fp16_to_fp32(x1[b].s);
+      }
+    }
+    out[r] = sum;
+  }
+}
+
+void ggml_q5_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
+               int cols) {
+  const int nb = cols / qk_k;
+  thread_local std::vector<block_q8_k> xq;
+  xq.resize(nb);
+  quantize_row_q8_k(x, xq.data(), cols);
+  for (int r = 0; r < rows; ++r) {
+    const block_q5_k* w = reinterpret_cast<const block_q5_k*>(W + r * stride);
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const block_q8_k& y = xq[b];
+      int sums = 0, mins = 0;
+      for (int sb = 0; sb < 8; ++sb) {
+        int sc, m;
+        scale_min(sb, w[b].scales, &sc, &m);
+        const uint8_t* q = w[b].qs + 32 * (sb / 2);
+        const int shift = (sb % 2) * 4;
+        int dot = 0;
+        for (int l = 0; l < 32; ++l)
+          dot += (((q[l] >> shift) & 0x0F) | (((w[b].qh[l] >> sb) & 1) << 4)) * y.qs[32 * sb + l];
+        sums += sc * dot;
+        mins += m * (y.bsums[2 * sb] + y.bsums[2 * sb + 1]);
+      }
+      const float d = fp16_to_fp32(w[b].d) * y.d;
+      const float dmin = fp16_to_fp32(w[b].dmin) * y.d;
+      sum += d * static_cast<float>(sums) - dmin * static_cast<float>(mins);
+    }
+    out[r] = sum;
+  }
+}
+
 // f16/bf16 with activations rounded to the same 16-bit type.
 template <float (*to_f32)(uint16_t), uint16_t (*from_f32)(float)>
 void ggml_half(float* out, const uint8_t* W, size_t stride, const float* x, int rows, int cols) {
@@ -186,6 +293,10 @@ void matvec_typed(float* out, const void* Wv, dtype t, size_t row_stride, const 
       case dtype::q4_0: ggml_q4_0(out, W, row_stride, x, rows, cols); return;
       case dtype::q4_k: ggml_q4_k(out, W, row_stride, x, rows, cols); return;
       case dtype::q6_k: ggml_q6_k(out, W, row_stride, x, rows, cols); return;
+      case dtype::q4_1: ggml_q32<dtype::q4_1>(out, W, row_stride, x, rows, cols); return;
+      case dtype::q5_0: ggml_q32<dtype::q5_0>(out, W, row_stride, x, rows, cols); return;
+      case dtype::q5_1: ggml_q32<dtype::q5_1>(out, W, row_stride, x, rows, cols); return;
+      case dtype::q5_k: ggml_q5_k(out, W, row_stride, x, rows, cols); return;
       default: break;
     }
   }

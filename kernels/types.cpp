@@ -21,6 +21,8 @@ constexpr type_row table[] = {
     {"bf16", 1, 2, 30},         {"q8_0", 32, 34, 8},
     {"q4_0", 32, 18, 2},        {"q4_K", qk_k, 144, 12},
     {"q6_K", qk_k, 210, 14},
+    {"q4_1", 32, 20, 3},        {"q5_0", 32, 22, 6},
+    {"q5_1", 32, 24, 7},        {"q5_K", qk_k, 176, 13},
 };
 static_assert(sizeof(table) / sizeof(table[0]) == static_cast<int>(dtype::count),
               "one row per dtype");
@@ -109,6 +111,62 @@ void dequant_q6_k(const block_q6_k* b, float* y, int cols) {
   }
 }
 
+// The 32 fifth bits of a q5_0/q5_1 block, read byte by byte (little-endian
+// whatever the host): bit j belongs to weight j.
+uint32_t fifth_bits(const uint8_t qh[4]) {
+  return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+         static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
+}
+
+void dequant_q4_1(const block_q4_1* b, float* y, int cols) {
+  for (int i = 0; i < cols / 32; ++i) {
+    const float d = fp16_to_fp32(b[i].d), m = fp16_to_fp32(b[i].m);
+    for (int j = 0; j < 16; ++j) {
+      y[i * 32 + j] = d * (b[i].qs[j] & 0x0F) + m;
+      y[i * 32 + j + 16] = d * (b[i].qs[j] >> 4) + m;
+    }
+  }
+}
+
+// q5_0 (offset 16, no min) and q5_1 (offset 0, min m).
+template <typename B, bool with_min>
+void dequant_q5(const B* b, float* y, int cols) {
+  for (int i = 0; i < cols / 32; ++i) {
+    const float d = fp16_to_fp32(b[i].d);
+    float m = 0.0f;
+    if constexpr (with_min) m = fp16_to_fp32(b[i].m);
+    const uint32_t qh = fifth_bits(b[i].qh);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = (b[i].qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int q1 = (b[i].qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      if constexpr (with_min) {
+        y[i * 32 + j] = d * q0 + m;
+        y[i * 32 + j + 16] = d * q1 + m;
+      } else {
+        y[i * 32 + j] = d * (q0 - 16);
+        y[i * 32 + j + 16] = d * (q1 - 16);
+      }
+    }
+  }
+}
+
+void dequant_q5_k(const block_q5_k* b, float* y, int cols) {
+  for (int i = 0; i < cols / qk_k; ++i) {
+    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    for (int g = 0; g < 4; ++g) {
+      int sc, m;
+      scale_min_k4(2 * g, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      scale_min_k4(2 * g + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * ((q[l] & 0x0F) + (((b[i].qh[l] >> (2 * g)) & 1) << 4)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * ((q[l] >> 4) + (((b[i].qh[l] >> (2 * g + 1)) & 1) << 4)) - m2;
+      q += 32;
+    }
+  }
+}
+
 }  // namespace
 
 const char* to_string(dtype t) {
@@ -159,6 +217,10 @@ void dequantize_row(dtype t, const void* row, float* out, int cols) {
     case dtype::q4_0: dequant_q4_0(static_cast<const block_q4_0*>(row), out, cols); return;
     case dtype::q4_k: dequant_q4_k(static_cast<const block_q4_k*>(row), out, cols); return;
     case dtype::q6_k: dequant_q6_k(static_cast<const block_q6_k*>(row), out, cols); return;
+    case dtype::q4_1: dequant_q4_1(static_cast<const block_q4_1*>(row), out, cols); return;
+    case dtype::q5_0: dequant_q5<block_q5_0, false>(static_cast<const block_q5_0*>(row), out, cols); return;
+    case dtype::q5_1: dequant_q5<block_q5_1, true>(static_cast<const block_q5_1*>(row), out, cols); return;
+    case dtype::q5_k: dequant_q5_k(static_cast<const block_q5_k*>(row), out, cols); return;
     default: return;
   }
 }
@@ -259,10 +321,16 @@ void swap_rows(dtype t, void* data, int rows, int cols) {
       for (size_t i = 0; i < n_blocks; ++i) swap16_at(p + i * block_bytes(t));
       return;
     case dtype::q4_k:  // d, dmin lead the block
+    case dtype::q5_k:
+    case dtype::q4_1:  // d, m lead the block
+    case dtype::q5_1:
       for (size_t i = 0; i < n_blocks; ++i) {
-        swap16_at(p + i * 144);
-        swap16_at(p + i * 144 + 2);
+        swap16_at(p + i * block_bytes(t));
+        swap16_at(p + i * block_bytes(t) + 2);
       }
+      return;
+    case dtype::q5_0:  // d leads the block; qh is read byte by byte
+      for (size_t i = 0; i < n_blocks; ++i) swap16_at(p + i * 22);
       return;
     case dtype::q6_k:  // d ends the block
       for (size_t i = 0; i < n_blocks; ++i) swap16_at(p + i * 210 + 208);

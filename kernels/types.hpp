@@ -21,8 +21,9 @@
 namespace cellshard::kernels {
 
 /// Weight element types. `count` is the number of types.
-enum class dtype : int { f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, count };
-const char* to_string(dtype t);   // "f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K"
+enum class dtype : int { f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_1, q5_0, q5_1, q5_k, count };
+/// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q6_K", "q4_1", "q5_0", "q5_1", "q5_K"
+const char* to_string(dtype t);
 /// The dtype of a ggml type id (GGUF tensor info), false when unsupported.
 bool dtype_from_ggml(uint32_t ggml_type, dtype* out);
 uint32_t ggml_type_of(dtype t);
@@ -57,6 +58,53 @@ struct block_q6_k {
   uint16_t d;
 };
 static_assert(sizeof(block_q6_k) == 210, "block_q6_K must be ggml's 210-byte layout");
+
+/// ggml block_q4_1: 32 weights, w = d * nibble + m (nibbles as block_q4_0). 20 bytes.
+struct block_q4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 must be ggml's 20-byte layout");
+
+/// ggml block_q5_0: 32 weights, w = d * (q - 16), q = nibble (as block_q4_0)
+/// | bit j of qh << 4, qh the little-endian 32-bit word of the 4 bytes. 22 bytes.
+struct block_q5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 must be ggml's 22-byte layout");
+
+/// ggml block_q5_1: w = d * q + m, q as block_q5_0's (0..31). 24 bytes.
+struct block_q5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 must be ggml's 24-byte layout");
+
+/// ggml block_q5_K: block_q4_K's scales and mins, a fifth bit per weight in
+/// qh (weight 64g + l of the low nibbles: bit 2g of qh[l]; of the high
+/// nibbles: bit 2g+1); w = d * sc * q - dmin * m, q in 0..31. 176 bytes.
+struct block_q5_k {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+static_assert(sizeof(block_q5_k) == 176, "block_q5_K must be ggml's 176-byte layout");
+
+/// ggml block_q8_1: the activation blocks of Q4_1/Q5_1 dot products: x = d *
+/// qs, s = d * sum(qs) (both binary16). 36 bytes.
+struct block_q8_1 {
+  uint16_t d;
+  uint16_t s;
+  int8_t qs[32];
+};
+static_assert(sizeof(block_q8_1) == 36, "block_q8_1 must be ggml's 36-byte layout");
 
 /// ggml block_q8_K: the activation blocks ggml's K-quant dot products use:
 /// 256 values x = d * qs, d an f32, bsums[i] = sum of qs[16i .. 16i+15]. 292 bytes.
@@ -101,7 +149,7 @@ void quantize_row_q4_k(const float* x, block_q4_k* out, int cols);
 void quantize_row_q6_k(const float* x, block_q6_k* out, int cols);
 /// Quantizes a row of f32 into type t with ggml's reference quantizer of
 /// that type (f32 copies). cols must be a multiple of block_elems(t); false
-/// for an unknown type.
+/// for a type read but not written here (q4_1, q5_0, q5_1, q5_K).
 bool quantize_row(dtype t, const float* x, void* out, int cols);
 
 /// Converts `rows` rows of type t from the other byte order in place (every

@@ -250,7 +250,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     if (!kernels::dtype_from_ggml(ti.type, &dt))
       return make_error(name + ": tensor " + tname + " has type " +
                         gguf::ggml_type_name(ti.type) +
-                        ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+                        ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K");
     out->type = dt;
     out->cols = static_cast<int>(cols);
     out->rows = static_cast<int>(rows ? rows : 1);
@@ -294,7 +294,7 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     if (!kernels::dtype_from_ggml(ti->type, &dt))
       return make_error(name + ": tensor " + tname + " has type " +
                         gguf::ggml_type_name(ti->type) +
-                        ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K");
+                        ", supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K");
     const size_t rb = kernels::row_bytes(dt, static_cast<int>(cols));
     const uint8_t* data = ti->data;
     if (g.swapped()) to_host(dt, data, rows * E, static_cast<int>(cols));

@@ -69,8 +69,17 @@ TEST_CASE("types: layouts and sizes", "[kernels][types]") {
     REQUIRE(dtype_from_ggml(ggml_type_of(static_cast<dtype>(i)), &back));
     CHECK(back == static_cast<dtype>(i));
   }
+  CHECK(row_bytes(dtype::q4_1, 64) == 40);
+  CHECK(row_bytes(dtype::q5_0, 64) == 44);
+  CHECK(row_bytes(dtype::q5_1, 64) == 48);
+  CHECK(row_bytes(dtype::q5_k, 512) == 352);
   dtype t;
-  CHECK_FALSE(dtype_from_ggml(6, &t));  // Q5_0
+  REQUIRE(dtype_from_ggml(6, &t));  // Q5_0
+  CHECK(t == dtype::q5_0);
+  REQUIRE(dtype_from_ggml(13, &t));  // Q5_K
+  CHECK(t == dtype::q5_k);
+  CHECK_FALSE(dtype_from_ggml(10, &t));  // Q2_K
+  CHECK_FALSE(dtype_from_ggml(20, &t));  // IQ4_NL
 }
 
 TEST_CASE("types: bf16 conversions", "[kernels][types]") {
@@ -82,6 +91,10 @@ TEST_CASE("types: bf16 conversions", "[kernels][types]") {
   // 1 + 3 * 2^-8 is halfway between 1.0078125 and 1.015625: to even (1.015625).
   CHECK(bf16_to_fp32(fp32_to_bf16(1.01171875f)) == 1.015625f);
   CHECK(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
+  // Subnormals round like any value (ggml's current GGML_FP32_TO_BF16; an
+  // older version flushed them to zero): 1e-40 is 0x000116c2 -> 0x0001.
+  CHECK(fp32_to_bf16(1e-40f) == 0x0001);
+  CHECK(fp32_to_bf16(-1e-40f) == 0x8001);
 }
 
 TEST_CASE("types: dequantization of each type against its layout", "[kernels][types]") {
@@ -130,6 +143,69 @@ TEST_CASE("types: dequantization of each type against its layout", "[kernels][ty
     dequantize_row(dtype::q6_k, &b, out, 256);
     for (int e = 0; e < 256; ++e) {
       const double want = 0.03125 * sc[e / 16] * (q[e] - 32);
+      INFO("element " << e);
+      CHECK(out[e] == Approx(want).margin(1e-6));
+    }
+  }
+  SECTION("q4_1") {
+    block_q4_1 b{};
+    b.d = fp32_to_fp16(0.5f);
+    b.m = fp32_to_fp16(-3.0f);
+    for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+    float out[32];
+    dequantize_row(dtype::q4_1, &b, out, 32);
+    for (int j = 0; j < 16; ++j) {
+      CHECK(out[j] == 0.5f * j - 3.0f);
+      CHECK(out[j + 16] == 0.5f * (15 - j) - 3.0f);
+    }
+  }
+  SECTION("q5_0 and q5_1: the fifth bit of weight j is bit j of the little-endian qh") {
+    int q[32];
+    for (int e = 0; e < 32; ++e) q[e] = (e * 11 + 7) % 32;
+    uint32_t qh = 0;
+    uint8_t qs[16];
+    for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
+    for (int e = 0; e < 32; ++e) qh |= static_cast<uint32_t>(q[e] >> 4) << e;
+    block_q5_0 b0{};
+    b0.d = fp32_to_fp16(0.25f);
+    for (int k = 0; k < 4; ++k) b0.qh[k] = static_cast<uint8_t>(qh >> (8 * k));
+    std::memcpy(b0.qs, qs, 16);
+    block_q5_1 b1{};
+    b1.d = fp32_to_fp16(0.125f);
+    b1.m = fp32_to_fp16(1.5f);
+    std::memcpy(b1.qh, b0.qh, 4);
+    std::memcpy(b1.qs, qs, 16);
+    float o0[32], o1[32];
+    dequantize_row(dtype::q5_0, &b0, o0, 32);
+    dequantize_row(dtype::q5_1, &b1, o1, 32);
+    for (int e = 0; e < 32; ++e) {
+      INFO("element " << e);
+      CHECK(o0[e] == 0.25f * (q[e] - 16));
+      CHECK(o1[e] == 0.125f * q[e] + 1.5f);
+    }
+  }
+  SECTION("q5_K") {
+    int sc[8], m[8], q[256];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = 63 - 7 * j;
+      m[j] = 5 * j + 20;
+    }
+    for (int e = 0; e < 256; ++e) q[e] = (e * 13 + 3) % 32;
+    // q4_K's packing for the scales, mins and low nibbles; the fifth bit of
+    // element e (sub-block sb = e / 32, l = e % 32) is bit sb of qh[l].
+    int low[256];
+    for (int e = 0; e < 256; ++e) low[e] = q[e] & 15;
+    const block_q4_k k4 = pack_q4_k(0.125f, 0.0625f, sc, m, low);
+    block_q5_k b{};
+    b.d = k4.d;
+    b.dmin = k4.dmin;
+    std::memcpy(b.scales, k4.scales, 12);
+    std::memcpy(b.qs, k4.qs, 128);
+    for (int e = 0; e < 256; ++e) b.qh[e % 32] |= static_cast<uint8_t>((q[e] >> 4) << (e / 32));
+    float out[256];
+    dequantize_row(dtype::q5_k, &b, out, 256);
+    for (int e = 0; e < 256; ++e) {
+      const double want = 0.125 * sc[e / 32] * q[e] - 0.0625 * m[e / 32];
       INFO("element " << e);
       CHECK(out[e] == Approx(want).margin(1e-6));
     }
@@ -203,7 +279,17 @@ std::vector<uint8_t> random_rows(dtype t, int rows, int cols, test::rng& r) {
   std::vector<float> x(cols);
   for (int i = 0; i < rows; ++i) {
     uint8_t* row = out.data() + row_bytes(t, cols) * i;
-    if (t == dtype::q4_k || t == dtype::q6_k) {
+    if (t == dtype::q4_1 || t == dtype::q5_0 || t == dtype::q5_1 || t == dtype::q5_k) {
+      // No quantizer for these: random quants, small scales (and mins).
+      for (size_t j = 0; j < row_bytes(t, cols); ++j) row[j] = static_cast<uint8_t>(r.next());
+      for (int b = 0; b < cols / block_elems(t); ++b) {
+        uint8_t* blk = row + static_cast<size_t>(b) * block_bytes(t);
+        const uint16_t d = fp32_to_fp16(r.uniform(0.001f, 0.01f));
+        const uint16_t m = fp32_to_fp16(t == dtype::q5_k ? r.uniform(0.001f, 0.01f) : r.uniform(-0.1f, 0.0f));
+        std::memcpy(blk, &d, 2);
+        if (t != dtype::q5_0) std::memcpy(blk + 2, &m, 2);  // m (q4_1, q5_1) or dmin (q5_K)
+      }
+    } else if (t == dtype::q4_k || t == dtype::q6_k) {
       for (size_t j = 0; j < row_bytes(t, cols); ++j) row[j] = static_cast<uint8_t>(r.next());
       for (int b = 0; b < cols / qk_k; ++b) {
         if (t == dtype::q4_k) {
@@ -244,13 +330,20 @@ TEST_CASE("matvec_typed conforms on every backend for every type and mode",
       test::fill(r, x.data(), x.size());
       // Independent: double sums over dequantized rows.
       std::vector<float> wrow(full_cols);
-      std::vector<double> exact(sh.rows);
+      // scale[i] = sum of |w x| over row i: the size of the products, the
+      // yardstick of a dot product's rounding error (a single row whose sum
+      // cancels, as random q5_0 quants can, is no worse summed for it).
+      std::vector<double> exact(sh.rows), scale(sh.rows);
       for (int i = 0; i < sh.rows; ++i) {
         dequantize_row(t, W.data() + stride * i, wrow.data(), full_cols);
-        double s = 0;
-        for (int c = 0; c < sh.cols; ++c)
-          s += static_cast<double>(wrow[sh.pad_blocks * block_elems(t) + c]) * x[c];
+        double s = 0, a = 0;
+        for (int c = 0; c < sh.cols; ++c) {
+          const double p = static_cast<double>(wrow[sh.pad_blocks * block_elems(t) + c]) * x[c];
+          s += p;
+          a += std::fabs(p);
+        }
         exact[i] = s;
+        scale[i] = a;
       }
       for (auto mode : {matmul_mode::exact, matmul_mode::ggml}) {
         std::vector<float> want(sh.rows);
@@ -260,7 +353,7 @@ TEST_CASE("matvec_typed conforms on every backend for every type and mode",
         double num = 0, den = 0;
         for (int i = 0; i < sh.rows; ++i) {
           num += (want[i] - exact[i]) * (want[i] - exact[i]);
-          den += exact[i] * exact[i];
+          den += scale[i] * scale[i];
         }
         const bool rounded = mode == matmul_mode::ggml && t != dtype::f32;
         INFO(to_string(t) << " " << to_string(mode) << " " << sh.rows << "x" << sh.cols);
