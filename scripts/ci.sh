@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # CPU-seconds (user + sys) of this script's finished children, from /proc: the
-# CPU a phase used, which unlike its wall time does not depend on what else
-# runs on the machine (a background job's CPU counts when it is waited for).
+# CPU a phase used, which depends much less than its wall time on what else
+# runs on the machine (a background job's CPU counts in the phase during which
+# it ends: the s390x build's usually lands in `build` or `test`).
 tck=$(getconf CLK_TCK)
 children_cpu() { awk -v t="$tck" '{ sub(/^.*\) /, ""); printf "%.0f", ($14 + $15) / t }' /proc/$$/stat; }
 phase() {
