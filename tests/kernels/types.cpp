@@ -371,7 +371,13 @@ TEST_CASE("matvec_typed conforms on every backend for every type and mode",
             std::vector<float> got(sh.rows, NAN);
             be->matvec_typed(got.data(), slice, t, stride, x.data(), sh.rows, sh.cols, mode);
             INFO(name << " " << native::to_string(lv));
-            CHECK(test::nmse(got.data(), want.data(), sh.rows) <= (name == "spu-host" ? 1e-9 : 1e-10));
+            // Measured against the size of the products (scale), as above: a
+            // single row whose sum cancels (random q5_0 quants on ppc64's
+            // portable path, 1x256) made a plain NMSE of got vs want exceed
+            // 1e-10 while every product agreed.
+            double dn = 0;
+            for (int i = 0; i < sh.rows; ++i) dn += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+            CHECK(dn / den <= (name == "spu-host" ? 1e-9 : 1e-10));
           }
           native::set_isa(best);
         }
