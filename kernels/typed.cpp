@@ -94,14 +94,18 @@ void scale_min(int j, const uint8_t* q, int* sc, int* m) {
   }
 }
 
-void ggml_q4_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
-               int cols) {
+// Q4_K and Q5_K against q8_K activations: the same affine super-blocks (8
+// sub-blocks of 32, 6-bit scales and mins); Q5_K adds a fifth bit per weight
+// from qh (bit sb of qh[l]), `fifth` returns it shifted into place (Q4_K: 0).
+template <typename Block, typename Fifth>
+void ggml_k_affine(float* out, const uint8_t* W, size_t stride, const float* x, int rows, int cols,
+                   Fifth fifth) {
   const int nb = cols / qk_k;
   thread_local std::vector<block_q8_k> xq;
   xq.resize(nb);
   quantize_row_q8_k(x, xq.data(), cols);
   for (int r = 0; r < rows; ++r) {
-    const block_q4_k* w = reinterpret_cast<const block_q4_k*>(W + r * stride);
+    const Block* w = reinterpret_cast<const Block*>(W + r * stride);
     float sum = 0.0f;
     for (int b = 0; b < nb; ++b) {
       const block_q8_k& y = xq[b];
@@ -113,7 +117,7 @@ void ggml_q4_k(float* out, const uint8_t* W, size_t stride, const float* x, int 
         const uint8_t* q = w[b].qs + 32 * (sb / 2);
         const int shift = (sb % 2) * 4;
         int dot = 0;
-        for (int l = 0; l < 32; ++l) dot += ((q[l] >> shift) & 0x0F) * y.qs[32 * sb + l];
+        for (int l = 0; l < 32; ++l) dot += (((q[l] >> shift) & 0x0F) | fifth(w[b], sb, l)) * y.qs[32 * sb + l];
         sums += sc * dot;
         mins += m * (y.bsums[2 * sb] + y.bsums[2 * sb + 1]);
       }
@@ -123,6 +127,11 @@ void ggml_q4_k(float* out, const uint8_t* W, size_t stride, const float* x, int 
     }
     out[r] = sum;
   }
+}
+
+void ggml_q4_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
+               int cols) {
+  ggml_k_affine<block_q4_k>(out, W, stride, x, rows, cols, [](const block_q4_k&, int, int) { return 0; });
 }
 
 void ggml_q6_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
@@ -233,33 +242,9 @@ void ggml_q32(float* out, const uint8_t* W, size_t stride, const float* x, int r
 
 void ggml_q5_k(float* out, const uint8_t* W, size_t stride, const float* x, int rows,
                int cols) {
-  const int nb = cols / qk_k;
-  thread_local std::vector<block_q8_k> xq;
-  xq.resize(nb);
-  quantize_row_q8_k(x, xq.data(), cols);
-  for (int r = 0; r < rows; ++r) {
-    const block_q5_k* w = reinterpret_cast<const block_q5_k*>(W + r * stride);
-    float sum = 0.0f;
-    for (int b = 0; b < nb; ++b) {
-      const block_q8_k& y = xq[b];
-      int sums = 0, mins = 0;
-      for (int sb = 0; sb < 8; ++sb) {
-        int sc, m;
-        scale_min(sb, w[b].scales, &sc, &m);
-        const uint8_t* q = w[b].qs + 32 * (sb / 2);
-        const int shift = (sb % 2) * 4;
-        int dot = 0;
-        for (int l = 0; l < 32; ++l)
-          dot += (((q[l] >> shift) & 0x0F) | (((w[b].qh[l] >> sb) & 1) << 4)) * y.qs[32 * sb + l];
-        sums += sc * dot;
-        mins += m * (y.bsums[2 * sb] + y.bsums[2 * sb + 1]);
-      }
-      const float d = fp16_to_fp32(w[b].d) * y.d;
-      const float dmin = fp16_to_fp32(w[b].dmin) * y.d;
-      sum += d * static_cast<float>(sums) - dmin * static_cast<float>(mins);
-    }
-    out[r] = sum;
-  }
+  ggml_k_affine<block_q5_k>(out, W, stride, x, rows, cols, [](const block_q5_k& w, int sb, int l) {
+    return ((w.qh[l] >> sb) & 1) << 4;
+  });
 }
 
 // f16/bf16 with activations rounded to the same 16-bit type.

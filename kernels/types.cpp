@@ -65,23 +65,29 @@ void dequant_q4_0(const block_q4_0* b, float* y, int cols) {
   }
 }
 
-void dequant_q4_k(const block_q4_k* b, float* y, int cols) {
+// Q4_K and Q5_K: four groups of 64 per super-block; the low nibbles of 32
+// bytes are sub-block 2g, the high nibbles sub-block 2g+1. `fifth(block, j,
+// l)` is Q5_K's fifth bit of sub-block j's weight l, shifted into place (Q4_K: 0).
+template <typename Block, typename Fifth>
+void dequant_k_affine(const Block* b, float* y, int cols, Fifth fifth) {
   for (int i = 0; i < cols / qk_k; ++i) {
     const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
     const uint8_t* q = b[i].qs;
-    // Four groups of 64: the low nibbles of 32 bytes are sub-block 2g, the
-    // high nibbles sub-block 2g+1.
     for (int g = 0; g < 4; ++g) {
       int sc, m;
       scale_min_k4(2 * g, b[i].scales, &sc, &m);
       const float d1 = d * sc, m1 = dmin * m;
       scale_min_k4(2 * g + 1, b[i].scales, &sc, &m);
       const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0x0F) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * ((q[l] & 0x0F) + fifth(b[i], 2 * g, l)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * ((q[l] >> 4) + fifth(b[i], 2 * g + 1, l)) - m2;
       q += 32;
     }
   }
+}
+
+void dequant_q4_k(const block_q4_k* b, float* y, int cols) {
+  dequant_k_affine(b, y, cols, [](const block_q4_k&, int, int) { return 0; });
 }
 
 void dequant_q6_k(const block_q6_k* b, float* y, int cols) {
@@ -151,20 +157,7 @@ void dequant_q5(const B* b, float* y, int cols) {
 }
 
 void dequant_q5_k(const block_q5_k* b, float* y, int cols) {
-  for (int i = 0; i < cols / qk_k; ++i) {
-    const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
-    const uint8_t* q = b[i].qs;
-    for (int g = 0; g < 4; ++g) {
-      int sc, m;
-      scale_min_k4(2 * g, b[i].scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      scale_min_k4(2 * g + 1, b[i].scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * ((q[l] & 0x0F) + (((b[i].qh[l] >> (2 * g)) & 1) << 4)) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * ((q[l] >> 4) + (((b[i].qh[l] >> (2 * g + 1)) & 1) << 4)) - m2;
-      q += 32;
-    }
-  }
+  dequant_k_affine(b, y, cols, [](const block_q5_k& blk, int j, int l) { return ((blk.qh[l] >> j) & 1) << 4; });
 }
 
 }  // namespace
