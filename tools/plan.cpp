@@ -234,6 +234,10 @@ void apply_fit(plan_assumptions& a, const plan_assumptions& fit, double efficien
   a.byte_overhead_s = fit.byte_overhead_s;
   a.transfer_excess = fit.transfer_excess;
   a.message_cpu_s = fit.message_cpu_s;
+  a.sync_message_cpu_s = fit.sync_message_cpu_s;
+  a.batch_compute_efficiency = efficiency_override > 0 ? efficiency_override
+                               : fit.batch_compute_efficiency > 0 ? std::min(1.0, fit.batch_compute_efficiency)
+                                                                  : 0;
 }
 
 nlohmann::json constants_json(const plan_assumptions& a) {
@@ -244,7 +248,9 @@ nlohmann::json constants_json(const plan_assumptions& a) {
           {"sync_message_overhead_s", a.sync_message_overhead_s},
           {"byte_overhead_s", a.byte_overhead_s},
           {"transfer_excess", a.transfer_excess},
-          {"message_cpu_s", a.message_cpu_s}};
+          {"message_cpu_s", a.message_cpu_s},
+          {"sync_message_cpu_s", a.sync_message_cpu_s},
+          {"batch_compute_efficiency", a.batch_compute_efficiency}};
 }
 
 /// "efficiency 0.53, 120 us per hop message, ...".
@@ -253,11 +259,13 @@ std::string constants_text(const plan_assumptions& a) {
   std::snprintf(buf, sizeof buf,
                 "efficiency %.3g, %.3g us per hop message, %.3g us per expert dispatch/combine message, "
                 "%.3g us per all-reduce round, "
-                "%.3g us per all-reduce message, %.3g ns per byte, transfers +%.0f%%, %.3g us CPU per message",
+                "%.3g us per all-reduce message, %.3g ns per byte, transfers +%.0f%%, %.3g us CPU per message, "
+                "%.3g us CPU per all-reduce message, batch efficiency %.3g",
                 a.compute_efficiency, a.message_overhead_s * 1e6, a.expert_message_overhead_s * 1e6,
                 a.sync_overhead_s * 1e6,
                 a.sync_message_overhead_s * 1e6, a.byte_overhead_s * 1e9, a.transfer_excess * 100,
-                a.message_cpu_s * 1e6);
+                a.message_cpu_s * 1e6, a.sync_message_cpu_s * 1e6,
+                a.batch_compute_efficiency > 0 ? a.batch_compute_efficiency : a.compute_efficiency);
   return buf;
 }
 
@@ -437,6 +445,8 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
       md << "| " << k.name << " | " << f("%.4g", k.value) << " | "
          << (k.fitted                                  ? lines
              : k.name == "expert_message_overhead_s" ? std::string("none: message_overhead_s's value")
+             : k.name == "sync_message_cpu_s"        ? std::string("none: message_cpu_s's value")
+             : k.name == "batch_compute_efficiency"  ? std::string("none: compute_efficiency's value")
                                                      : std::string("none: the base value"))
          << " | " << k.chain_rows << " / "
          << k.busy_rows << " |\n";
@@ -492,7 +502,10 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
        [](plan_request& q) { q.assume.logits_to_session = false; }},
       {"1 ms per hop instead of 100 us", [](plan_request& q) { q.hw.node.link.latency_us = 1000; }},
       {"10 Gbit/s links", [](plan_request& q) { q.hw.node.link.bandwidth_bps = 10000000000ull; }},
-      {"half the compute efficiency", [](plan_request& q) { q.assume.compute_efficiency *= 0.5; }},
+      {"half the compute efficiency", [](plan_request& q) {
+         q.assume.compute_efficiency *= 0.5;
+         q.assume.batch_compute_efficiency *= 0.5;
+       }},
       {"0.55 failures per node-year (Google machines, Jeff Dean)",
        [](plan_request& q) { q.hw.failures_per_year = 0.55; }},
       {"10 s to detect a failure", [](plan_request& q) { q.assume.detect_s = 10; }},

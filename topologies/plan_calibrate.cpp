@@ -19,12 +19,15 @@ namespace cellshard::topologies {
 namespace {
 
 // 1/eff, c_msg, c_sync, c_sync_msg, c_byte, transfer excess, message CPU,
-// c_xmsg (plan_calibrate.hpp).
-constexpr int n_params = 8;
+// c_xmsg, all-reduce message CPU, 1/batch eff (plan_calibrate.hpp).
+constexpr int n_params = 10;
 constexpr int expert_param = 7;
+constexpr int sync_cpu_param = 8;
+constexpr int batch_eff_param = 9;
 const char* const param_names[n_params] = {"compute_efficiency", "message_overhead_s",      "sync_overhead_s",
                                            "sync_message_overhead_s", "byte_overhead_s", "transfer_excess",
-                                           "message_cpu_s", "expert_message_overhead_s"};
+                                           "message_cpu_s", "expert_message_overhead_s", "sync_message_cpu_s",
+                                           "batch_compute_efficiency"};
 
 std::string trim(const std::string& s) {
   size_t b = 0, e = s.size();
@@ -62,17 +65,20 @@ struct features {
 // The serial chain (cost_terms::seconds).
 features chain_features(const cost_terms& c) {
   features f;
-  f.x = {c.compute_s, c.messages, c.syncs, c.sync_messages, c.bytes, c.transfer_s, 0, c.expert_messages};
+  f.x = {c.compute_s, c.messages, c.syncs, c.sync_messages, c.bytes, c.transfer_s, 0, c.expert_messages, 0, 0};
   f.fixed = c.wire_s + c.throttle_s;
   return f;
 }
 
 // `scale` steps of a busy station of the runtime (cost_terms::busy_seconds
-// with one_sequence_per_step: CPU only, compute at the sustained rate).
+// with one_sequence_per_step: CPU only, compute at the sustained rate; with
+// several sequences interleaved, at the batch efficiency).
 features busy_features(const cost_terms& c, double scale) {
   features f;
   const double q = c.quota > 0 && c.quota < 1 ? c.quota : 1.0;
-  f.x = {c.compute_s / q * scale, 0, 0, 0, c.bytes * scale, 0, c.handled * scale, 0};
+  const double compute = c.compute_s / q * scale;
+  f.x = {c.concurrent ? 0 : compute, 0, 0, 0, c.bytes * scale, 0, c.handled * scale, 0, c.sync_handled * scale,
+         c.concurrent ? compute : 0};
   return f;
 }
 
@@ -85,13 +91,17 @@ plan_assumptions with_params(plan_assumptions a, const std::array<double, n_para
   a.transfer_excess = th[5];
   a.message_cpu_s = th[6];
   a.expert_message_overhead_s = th[7];
+  a.sync_message_cpu_s = th[8];
+  a.batch_compute_efficiency = th[9] > 0 ? 1.0 / th[9] : 0;
   return a;
 }
 
 std::array<double, n_params> params_of(const plan_assumptions& a) {
   const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
+  const double beff = a.batch_compute_efficiency > 0 ? a.batch_compute_efficiency : eff;
   return {1.0 / eff,         a.message_overhead_s, a.sync_overhead_s, a.sync_message_overhead_s,
-          a.byte_overhead_s, a.transfer_excess,    a.message_cpu_s,    a.expert_message_overhead_s};
+          a.byte_overhead_s, a.transfer_excess,    a.message_cpu_s,    a.expert_message_overhead_s,
+          a.sync_message_cpu_s, 1.0 / beff};
 }
 
 // Solves the k x k system M v = r by Gaussian elimination with partial
@@ -193,9 +203,12 @@ result<std::vector<sweep_row>> parse_sweep_csv(const std::string& text, const st
 
 double predicted_comm_share(const plan_result& p) {
   if (!(p.per_token_latency_s > 0)) return 0;
-  const bool busy = p.per_token_latency_s > p.chain_s * (1 + 1e-12);
-  const double compute = busy ? p.chain_busy_compute_s : p.chain_compute_s;
-  return std::max(0.0, 1.0 - compute / p.per_token_latency_s);
+  // A session's own compute is its steps on the chain (throttled by a quota
+  // as the chain's) in either regime: when busy stations set the pace, the
+  // time it waits for the other sessions' steps is not its compute (the
+  // 2026-12-02 lab: pipeline:8 at batch 8 measured 0.77 / 0.86, where the
+  // compute at the sustained rate predicted 0.18).
+  return std::max(0.0, 1.0 - p.chain_compute_s / p.per_token_latency_s);
 }
 
 model_resolver preset_resolver(const model_spec* fallback) {
@@ -350,6 +363,18 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
     for (int j = 0; j < n_params; ++j) {
       for (size_t i = 0; i < ps.size(); ++i) usable[j] = usable[j] || fs[i].x[j] > 0;
     }
+    // Relative residuals: A_ij = x_ij / y_i, rhs_i = (y_i - fixed_i) / y_i;
+    // the normal equations of every subset are read off these sums.
+    std::array<std::array<double, n_params>, n_params> gram{};
+    std::array<double, n_params> rhs_all{};
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const double y = ps[i].y;
+      for (size_t a = 0; a < static_cast<size_t>(n_params); ++a) {
+        const double xa = fs[i].x[a] / y;
+        rhs_all[a] += xa * (y - fs[i].fixed) / y;
+        for (size_t b = 0; b < static_cast<size_t>(n_params); ++b) gram[a][b] += xa * fs[i].x[b] / y;
+      }
+    }
     double best = std::numeric_limits<double>::infinity();
     std::array<double, n_params> best_theta = start;
     for (int mask = 0; mask < (1 << n_params); ++mask) {
@@ -361,18 +386,14 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
           idx.push_back(j);
         }
       }
-      if (!ok || (usable[0] && !(mask & 1))) continue;
+      // Compute must take time when its column is free (both efficiencies).
+      if (!ok || (usable[0] && !(mask & 1)) || (usable[batch_eff_param] && !(mask & (1 << batch_eff_param)))) continue;
       const size_t k = idx.size();
-      // Relative residuals: A_ij = x_ij / y_i, rhs_i = (y_i - fixed_i) / y_i.
       std::vector<std::vector<double>> M(k, std::vector<double>(k, 0));
       std::vector<double> rhs(k, 0);
-      for (size_t i = 0; i < ps.size(); ++i) {
-        const double y = ps[i].y;
-        for (size_t a = 0; a < k; ++a) {
-          const double xa = fs[i].x[static_cast<size_t>(idx[a])] / y;
-          rhs[a] += xa * (y - fs[i].fixed) / y;
-          for (size_t b = 0; b < k; ++b) M[a][b] += xa * fs[i].x[static_cast<size_t>(idx[b])] / y;
-        }
+      for (size_t a = 0; a < k; ++a) {
+        rhs[a] = rhs_all[static_cast<size_t>(idx[a])];
+        for (size_t b = 0; b < k; ++b) M[a][b] = gram[static_cast<size_t>(idx[a])][static_cast<size_t>(idx[b])];
       }
       std::vector<double> v;
       if (k > 0 && !solve(M, rhs, v)) continue;
@@ -511,6 +532,10 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
   // No row of the runtime's expert placement: an expert message is priced
   // as a hop message (the one mechanism measured), not the base value.
   if (!fit.usable[expert_param]) c.fitted.expert_message_overhead_s = c.fitted.message_overhead_s;
+  // No busy row of a TP group: an all-reduce message's CPU is a message's;
+  // no busy row of batch > 1: the batch efficiency is the efficiency.
+  if (!fit.usable[sync_cpu_param]) c.fitted.sync_message_cpu_s = c.fitted.message_cpu_s;
+  if (!fit.usable[batch_eff_param]) c.fitted.batch_compute_efficiency = 0;
   c.free = free_names;
   // Each constant with the rows that determine it (a non-zero feature in the
   // row's final regime).
@@ -520,7 +545,8 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
     const plan_assumptions& f = c.fitted;
     const double values[n_params] = {f.compute_efficiency,      f.message_overhead_s, f.sync_overhead_s,
                                      f.sync_message_overhead_s, f.byte_overhead_s,    f.transfer_excess,
-                                     f.message_cpu_s,           f.expert_message_overhead_s};
+                                     f.message_cpu_s,           f.expert_message_overhead_s,
+                                     f.sync_message_cpu_s,      f.batch_compute_efficiency};
     fc.value = values[j];
     for (size_t i = 0; i < ps.size(); ++i) {
       const bool uses = fs[i].x[static_cast<size_t>(j)] > 0;

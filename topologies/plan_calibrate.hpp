@@ -10,12 +10,17 @@
 // is planned as the runtime that measured it steps: one sequence per station
 // step (plan_assumptions::one_sequence_per_step), so a row of batch B takes
 // max(chain, B x the busiest station's CPU) per token. In either regime the
-// time is linear in eight constants:
+// time is linear in ten constants:
 //   chain = wire_s + throttle_s + compute_s / eff + messages x c_msg
 //           + expert_messages x c_xmsg + syncs x c_sync
 //           + sync_messages x c_rmsg + bytes x c_byte
 //           + transfer_s x transfer_excess
-//   busy  = B x (compute_s / (eff x quota) + handled x c_cpu + bytes x c_byte)
+//   busy  = B x (compute_s / (e x quota) + handled x c_cpu
+//                + sync_handled x c_rcpu + bytes x c_byte)
+// where e = eff at batch 1 and e = eff_b (batch_compute_efficiency) when
+// B > 1 sequences interleave on the station, and c_rcpu is the CPU of a
+// message inside an all-reduce round (c_cpu: hop, session and expert
+// messages).
 // where the terms come from the layout of the row (its model, nodes,
 // topology, batch, link) on the given hardware. The fit assigns each row its
 // regime, minimises the sum of squared relative errors ((pred - meas) /
@@ -28,7 +33,9 @@
 // every row keep the base value (on in-process rows, link "none", the per-byte
 // and transfer terms are zero), except c_xmsg (expert dispatch/combine
 // messages, seconds each), which without rows of the runtime's expert
-// placement takes the fitted c_msg. Each fitted constant lists its source rows.
+// placement takes the fitted c_msg, c_rcpu, which without busy TP rows takes
+// c_cpu, and eff_b, which without busy batch > 1 rows is eff (0 in
+// plan_assumptions). Each fitted constant lists its source rows.
 // Rows of topology "expert" (sweep: one stage shard + N - 1 expert nodes) or
 // "expert:E" are planned as pipeline:1,expert:N-1 / pipeline:1,expert:E.
 // The fitted constants carry no one_sequence_per_step flag: a plan made with
@@ -99,9 +106,9 @@ struct fitted_constant {
 };
 
 struct calibration {
-  plan_assumptions fitted;  // base with the eight constants replaced
-  std::vector<fitted_constant> constants;  // the eight: efficiency, c_msg, c_sync, c_rmsg, c_byte,
-                                           // transfer excess, c_cpu, c_xmsg
+  plan_assumptions fitted;  // base with the ten constants replaced
+  std::vector<fitted_constant> constants;  // the ten: efficiency, c_msg, c_sync, c_rmsg, c_byte,
+                                           // transfer excess, c_cpu, c_xmsg, c_rcpu, eff_b
   std::vector<calibration_point> points;
   double max_abs_error = 0;
   double rms_error = 0;
@@ -114,9 +121,9 @@ struct calibration {
 using model_resolver = std::function<result<model_spec>(const std::string& row_model)>;
 /// The communication share the planner predicts for a row planned as the
 /// runtime runs it (what `cellshard run` measures: 1 - a session's compute
-/// time / its time per token): on the chain, its compute (throttled by a CPU
-/// quota); when busy stations set the pace (batch > 1), its compute at the
-/// sustained rate, against B x the busiest station's step.
+/// time / its time per token): the chain's compute (throttled by a CPU
+/// quota) against the time per token, in either regime (when busy stations
+/// set the pace, the wait for the other sessions' steps is not compute).
 double predicted_comm_share(const plan_result& p);
 
 /// The default resolver: find_model_preset on the row's model name, else

@@ -291,9 +291,12 @@ double cost_terms::seconds(const plan_assumptions& a) const {
 }
 
 double cost_terms::busy_seconds(const plan_assumptions& a) const {
-  const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
+  const double eff = concurrent && a.batch_compute_efficiency > 0 ? a.batch_compute_efficiency
+                     : a.compute_efficiency > 0                    ? a.compute_efficiency
+                                                                   : 1.0;
   const double q = quota > 0 && quota < 1 ? quota : 1.0;
-  const double cpu = compute_s / (eff * q) + handled * a.message_cpu_s + bytes * a.byte_overhead_s;
+  const double cpu = compute_s / (eff * q) + handled * a.message_cpu_s + sync_handled * a.sync_message_cpu_s +
+                     bytes * a.byte_overhead_s;
   // One sequence per step (the runtime): the station interleaves the steps of
   // its sessions, so one session's waits (latency, transfers, all-reduce
   // rounds) overlap another's work and only the CPU bounds its throughput.
@@ -314,6 +317,8 @@ cost_terms& cost_terms::operator+=(const cost_terms& o) {
   bytes += o.bytes;
   hops += o.hops;
   handled += o.handled;
+  sync_handled += o.sync_handled;
+  concurrent = concurrent || o.concurrent;
   return *this;
 }
 
@@ -547,7 +552,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
               ar.syncs = 1;
               ar.sync_messages = ar.messages;  // a round's messages, not a hop's
               ar.messages = 0;
-              ar.handled = 2.0 * (T - 1);  // the busiest rank sends T-1 and receives T-1
+              ar.sync_handled = 2.0 * (T - 1);  // the busiest rank sends T-1 and receives T-1
               work += ar;
             }
         }
@@ -578,7 +583,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
           ar.syncs = 1;
           ar.sync_messages = ar.messages;  // a round's messages, not a hop's
           ar.messages = 0;
-          ar.handled = 2.0 * rd.messages;  // the busiest rank sends T-1 and receives T-1
+          ar.sync_handled = 2.0 * rd.messages;  // the busiest rank sends T-1 and receives T-1
           work += ar;
         }
         // The runtime's expert placement: per MoE layer the program's
@@ -626,6 +631,7 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
       work.throttle_s = quota_step_seconds(w, r.hw.cpu_quota, r.hw.cpu_quota_period_s) - w;
       work.quota = r.hw.cpu_quota;
     }
+    work.concurrent = r.batch > 1;  // several sequences' steps interleave on the station
     if (gi > 0) out.station_work.back().handled += hop.messages;
     out.station_hop.push_back(hop);
     out.station_work.push_back(work);
@@ -1280,6 +1286,8 @@ std::string to_json(const plan_result& p, int indent) {
                       {"sync_message_overhead_s", a.sync_message_overhead_s},
                       {"transfer_excess", a.transfer_excess},
                       {"message_cpu_s", a.message_cpu_s},
+                      {"sync_message_cpu_s", a.sync_message_cpu_s},
+                      {"batch_compute_efficiency", a.batch_compute_efficiency},
                       {"byte_overhead_s", a.byte_overhead_s},
                       {"link_efficiency", a.link_efficiency},
                       {"detect_s", a.detect_s},

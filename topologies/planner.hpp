@@ -119,8 +119,24 @@ struct plan_assumptions {
   double transfer_excess = 0;
   /// CPU a node spends per message it sends or receives, at its sustained
   /// rate: it bounds a busy station's throughput (busy_seconds), not the
-  /// chain's latency (calibrated from batch > 1 rows).
+  /// chain's latency (calibrated from batch > 1 rows). Hop messages, the
+  /// session's and expert dispatch/combine messages.
   double message_cpu_s = 0;
+  /// The same for a message a rank sends or receives inside an all-reduce
+  /// round (issue #25): a round's T-1 small partials arrive back to back and
+  /// are handled in one go, so each costs less CPU than a hop (the 2026-12-02
+  /// lab: ~0.17 ms each on tensor:8 at batch 8, where 0.2 ms per message for
+  /// all messages over-predicts it by 41%). Calibrated from batch > 1 rows of
+  /// TP groups; a calibration without such rows sets it to message_cpu_s.
+  double sync_message_cpu_s = 0;
+  /// Fraction of the node's full rate a station's compute reaches while it
+  /// interleaves the steps of several sequences (a request of batch > 1;
+  /// busy_seconds of cost_terms with `concurrent`), in place of
+  /// compute_efficiency (issue #25: on the lab's capped nodes one daemon
+  /// took 24-35 ms per sequence step at batch 8 and 20-22 ms per token at
+  /// batch 1, both bound by the same 25% quota). 0 = compute_efficiency.
+  /// Calibrated from batch > 1 rows whose busy station sets the pace.
+  double batch_compute_efficiency = 0;
   /// Per byte sent over a real link: serialisation. Default: the raw-blob
   /// payload encoding measured by `bench cluster`, 4,460 MB/s serialise +
   /// deserialise at 1M floats (docs/performance.md); calibrated when the sweep
@@ -194,14 +210,20 @@ struct cost_terms {
   double sync_messages = 0;  // messages the busiest rank sends inside all-reduce rounds
   double bytes = 0;      // bytes serialised (0 on in-process links)
   double hops = 0;       // transfers whose latency is on the path (not in seconds())
-  double handled = 0;    // messages the busiest rank sends + receives (station work only)
+  double handled = 0;    // messages the busiest rank sends + receives (station work only), besides all-reduces
+  double sync_handled = 0;  // messages the busiest rank sends + receives inside all-reduce rounds (station work)
+  /// The station interleaves the steps of several sequences (a request of
+  /// batch > 1): busy_seconds computes at batch_compute_efficiency.
+  bool concurrent = false;
   /// On the chain (latency): compute_s / eff + throttle_s + wire_s +
   /// transfer_s x transfer_excess + messages x message_overhead +
   /// expert_messages x expert_message_overhead + syncs x
   /// sync_overhead + sync_messages x sync_message_overhead + bytes x byte_overhead.
   double seconds(const plan_assumptions& a) const;
   /// A busy station's step (throughput): compute at the sustained rate
-  /// (compute_s / (eff x quota)) + handled x message_cpu_s + bytes x byte_overhead, plus (unless
+  /// (compute_s / (eff x quota), eff = batch_compute_efficiency when
+  /// `concurrent` and it is set) + handled x message_cpu_s + sync_handled x
+  /// sync_message_cpu_s + bytes x byte_overhead, plus (unless
   /// one_sequence_per_step: the runtime interleaves its sessions' steps, so
   /// their waits overlap) the rest of seconds(): latency, transfers, rounds.
   double busy_seconds(const plan_assumptions& a) const;
