@@ -385,6 +385,7 @@ int do_run(run_opts o) {
   };
   actors::run_report report;  // actors/run_report.hpp: what --json writes and the summary prints
   result<model::generation_result> res = make_error("not run");
+  int batch_diverged = 0;  // --batch: requests whose ids differ from the first's
   if (!o.cf.use_cluster) {
     auto w = model::shard_weights::make(lm.file, model::slice_spec::whole(lm.file->cfg()), *fmt,
                                         matmul);
@@ -449,14 +450,27 @@ int do_run(run_opts o) {
                               std::chrono::minutes(10), extra);
     if (!out) throw cli_error(out.message());
     int batch_tokens = out->ok ? static_cast<int>(out->result.ids.size()) - 1 : 0;
-    for (auto& p : batched) {
-      auto f = p->get_future();
+    // The requests are identical (same prompt, parameters and seed), so each
+    // must give the first one's ids: sessions that share the shards (and a
+    // recovery) must not leak into each other (issue #19). A difference is
+    // a divergence (exit 3, as --expect-ids).
+    for (size_t b = 0; b < batched.size(); ++b) {
+      auto f = batched[b]->get_future();
       if (f.wait_for(std::chrono::minutes(10)) != std::future_status::ready)
         throw cli_error("a batched request did not finish within 10 minutes");
       auto so = f.get();
       if (!so.ok) throw cli_error("batched request: " + so.error);
       batch_tokens += static_cast<int>(so.result.ids.size()) - 1;
+      if (out->ok && so.result.ids != out->result.ids) {
+        size_t i = 0;
+        while (i < so.result.ids.size() && i < out->result.ids.size() && so.result.ids[i] == out->result.ids[i]) ++i;
+        std::fprintf(stderr, "batched request %zu: ids differ from the first request's at position %zu\n", b + 1, i);
+        ++batch_diverged;
+      }
     }
+    if (o.batch > 1 && out->ok)
+      std::fprintf(stderr, "batch: %d concurrent requests, %d with ids other than the first's\n", o.batch,
+                   batch_diverged);
     const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     auto rep = actors::make_run_report(**c, *out, measured);
     if (!rep) throw cli_error(rep.message());
@@ -490,8 +504,8 @@ int do_run(run_opts o) {
 
   if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(res->ids));
 
-  int status = 0;
-  bool diverged = false;
+  int status = batch_diverged > 0 ? 3 : 0;
+  bool diverged = batch_diverged > 0;
   if (!o.expect_ids.empty()) {
     const auto& got = res->ids;
     size_t i = 0;

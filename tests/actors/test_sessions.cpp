@@ -40,6 +40,54 @@ TEST_CASE("4 concurrent sessions each reproduce their own fixture", "[actors][se
   }
 }
 
+// Issue #19: sessions sharing a pipeline overlap (each stage takes the next
+// session's step as soon as it is free: every session is its own actor with
+// one step in flight, each shard computes on its own worker). A crash or a
+// silence of a stage while four different requests are in flight is one
+// fault, recovered for every session that had state there: each still gives
+// its own fixture, and the faults are recorded once.
+TEST_CASE("concurrent sessions on a 3-stage pipeline with a crash or a silence each reproduce their own fixture",
+          "[actors][sessions][recovery]") {
+  if (!test::have_shared()) return;
+  for (const std::string spec : {"crash:node=1:step=30", "silence:node=2:step=40"}) {
+    DYNAMIC_SECTION(spec) {
+      auto o = test::stories_options(3, "pipeline");
+      o.spares = 1;
+      o.sessions = 4;
+      auto plan = supervision::parse_fault_spec(spec);
+      REQUIRE(plan.ok());
+      o.faults = {*plan};
+      auto c = actors::cluster::start(o);
+      REQUIRE(c.ok());
+      REQUIRE((*c)->placement().stages.size() == 3);
+      const auto& cases = test::fixture_cases();
+      std::vector<std::pair<size_t, std::future<actors::session_outcome>>> futs;
+      for (size_t i = 0; i < std::min<size_t>(4, cases.size()); ++i) {
+        auto p = std::make_shared<std::promise<actors::session_outcome>>();
+        futs.emplace_back(i, p->get_future());
+        (*c)->submit(test::params_of(cases[i]), {},
+                     [p](uint64_t, const actors::session_outcome& out) { p->set_value(out); });
+      }
+      size_t recovered = 0;
+      for (auto& f : futs) {
+        REQUIRE(f.second.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+        auto out = f.second.get();
+        INFO(cases[f.first].name << ": " << out.error);
+        REQUIRE(out.ok);
+        CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/" + cases[f.first].name + ".ids")));
+        if (!out.recoveries.empty()) ++recovered;
+      }
+      CHECK(recovered >= 1);  // the session whose step met the fault, at least
+      const auto recs = (*c)->faults();
+      REQUIRE(recs.size() == 1);
+      CHECK(recs[0].kind == supervision::to_string(plan->kind));
+      auto st = (*c)->stats();
+      REQUIRE(st.ok());
+      for (auto& s : *st) CHECK(s.sessions == 0);
+    }
+  }
+}
+
 TEST_CASE("cancellation reaches every shard and frees its KV cache", "[actors][cancel]") {
   if (!test::have_shared()) return;
   auto c = actors::cluster::start(test::stories_options(4, "hybrid:2x2"));

@@ -14,6 +14,9 @@
 //
 // Every process (daemons, front ends) is owned by an RAII guard that SIGKILLs
 // and reaps it, whatever the outcome; every wait has a deadline.
+#include "actors/cluster.hpp"
+#include "actors/remote.hpp"
+#include "tests/actors/fixture_runner.hpp"
 #include "tests/net/net_support.hpp"
 #include "tests/support.hpp"
 #include "base/parse.hpp"
@@ -21,9 +24,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <poll.h>
 #include <sstream>
@@ -636,6 +641,67 @@ TEST_CASE("a killed front end resumed from its journal on the same daemons", "[n
 TEST_CASE("gguf: a killed front end resumed from its journal on the same daemons", "[net][recovery][journal][gguf]") {
   if (!test::have_shared()) return;
   resume_on_same_daemons(gguf_model(), "recovery-journal-gguf");
+}
+
+// Issue #19: four different requests in flight together on a 2-stage
+// pipeline of daemons (the front end is this process's cluster): a crash or a
+// silence injected into stage 1's daemon, or that daemon SIGKILLed after the
+// 40th token of all sessions (paced, so that every session is mid-generation),
+// is recovered on the spare for every session, and each gives its own fixture.
+TEST_CASE("concurrent sessions over daemons: a crash or a silence or a SIGKILL of stage 1 leaves each its own fixture",
+          "[net][recovery][sessions]") {
+  if (!test::have_shared()) return;
+  for (const std::string kind : {"crash", "silence", "kill"}) {
+    DYNAMIC_SECTION(kind) {
+      daemons d("recovery-concurrent-" + kind, 3);
+      std::vector<actors::remote_node> entries;
+      for (const auto& e : d.entries(1)) entries.push_back({"127.0.0.1", e.port, "", 0, e.spare});
+      actors::cluster_options co;
+      co.model = test::shared_file("models/stories260K.bin");
+      co.tokenizer = test::shared_file("models/tok512.bin");
+      co.topology = "pipeline";
+      co.sessions = 4;
+      co.step_timeout = std::chrono::seconds(60);
+      auto plan = supervision::parse_fault_spec(kind == "kill" ? std::string("slow:node=0:step=0:ms=4")
+                                                               : kind + ":node=1:step=30");
+      REQUIRE(plan.ok());
+      co.faults = {*plan};
+      co.host = std::make_shared<actors::remote_host>(entries, actors::remote_options{});
+      std::atomic<int> tokens{0};  // before the cluster: its callbacks count here
+      auto c = actors::cluster::start(co);
+      INFO((c ? std::string() : c.message()) << "\n" << d.logs());
+      REQUIRE(c);
+      REQUIRE((*c)->placement().stages.size() == 2);
+      REQUIRE((*c)->current_nodes()[1] == 1);  // stage 1 on daemon 1, daemon 2 the spare
+      const auto& cases = test::fixture_cases();
+      std::vector<std::pair<size_t, std::future<actors::session_outcome>>> futs;
+      for (size_t i = 0; i < std::min<size_t>(4, cases.size()); ++i) {
+        auto p = std::make_shared<std::promise<actors::session_outcome>>();
+        futs.emplace_back(i, p->get_future());
+        (*c)->submit(
+            test::params_of(cases[i]),
+            [&, kind](uint64_t, int, const std::string&) {
+              if (++tokens == 40 && kind == "kill") d[1].signal(SIGKILL);  // ::kill only
+            },
+            [p](uint64_t, const actors::session_outcome& out) { p->set_value(out); });
+      }
+      for (auto& f : futs) {
+        REQUIRE(f.second.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+        auto out = f.second.get();
+        INFO(cases[f.first].name << ": " << out.error << "\n" << d.logs());
+        REQUIRE(out.ok);
+        CHECK(out.result.ids == test::read_ids(test::shared_file("fixtures/" + cases[f.first].name + ".ids")));
+      }
+      const auto recs = (*c)->faults();
+      std::vector<actors::fault_record> of1;
+      for (const auto& r : recs)
+        if (r.index == 1) of1.push_back(r);
+      REQUIRE(of1.size() >= 1);
+      if (kind != "kill") CHECK(of1[0].kind == kind);
+      CHECK(of1[0].recover_ms >= 0);
+      if (kind != "crash") CHECK((*c)->current_nodes()[1] == 2);  // moved to the spare
+    }
+  }
 }
 
 TEST_CASE("faults injected inside the daemons: crash and silence of placement index 1", "[net][recovery]") {
