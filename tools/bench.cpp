@@ -280,6 +280,21 @@ void add_bench(CLI::App& app, int& status) {
                "expert placements of a mixture of experts (-m, default moe-small-f32.gguf): tokens/s and bytes per "
                "token for expert:E with and without replicas, and the stall of a killed expert node");
   cl->add_option("--experts", co->experts, "expert nodes per stage for --moe")->delimiter(',')->capture_default_str();
+  cl->add_flag("--overlap", co->overlap,
+               "pipelines overlapping sessions (issue #19): aggregate tokens/s of N concurrent sessions against 1 "
+               "(alternating rounds), in process and over local daemons, and each stage's busy share");
+  cl->add_option("--sessions", co->sessions, "with --overlap: concurrent session counts (the first must be 1)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cl->add_option("--stages", co->stages, "with --overlap: pipeline stage counts")->delimiter(',')->capture_default_str();
+  cl->add_option("--where", co->where, "with --overlap: inproc,daemons")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"inproc", "daemons"}))
+      ->capture_default_str();
+  cl->add_option("--overlap-config", co->overlap_config, "with --overlap and no -m: synth preset (32000-token "
+                 "vocabulary, with ../shared/models/tokenizer.bin)")
+      ->capture_default_str();
+  cl->add_option("--overlap-steps", co->overlap_steps, "with --overlap: positions per session")->capture_default_str();
   cl->add_option("--json", *json, "rows as JSON to FILE (- = stdout)");
   cl->callback([co, json, &status] {
     std::vector<bench_row> rows;

@@ -39,9 +39,21 @@ struct cluster_bench_options {
   /// node; then the stall of a crashed and a silenced expert node.
   bool moe = false;
   std::vector<int> experts = {1, 2, 4, 8};
+  /// --overlap (issue #19, tools/bench_overlap.cpp): instead of the above,
+  /// aggregate tokens/s of N concurrent sessions on a pipeline of S stages
+  /// against 1 session (alternating rounds, same cluster), in this process
+  /// and over local daemons, with each stage's busy share.
+  bool overlap = false;
+  std::vector<int> sessions = {1, 2, 4};      // first: the baseline (1)
+  std::vector<int> stages = {2, 3};
+  std::vector<std::string> where = {"inproc", "daemons"};
+  std::string overlap_config = "stories15m";  // synth preset when no -m
+  int overlap_steps = 48;                     // positions per session
 };
 
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows);
+/// bench cluster --overlap (tools/bench_overlap.cpp).
+int run_overlap_bench(const cluster_bench_options& o, std::vector<bench_row>& rows);
 
 /// `bench load` (issue #17, tools/bench_load.cpp).
 struct load_bench_options {

@@ -206,6 +206,7 @@ int run_moe_bench(const cluster_bench_options& o, std::vector<bench_row>& rows) 
 
 int run_cluster_bench(const cluster_bench_options& o, std::vector<bench_row>& rows) {
   if (o.moe) return run_moe_bench(o, rows);
+  if (o.overlap) return run_overlap_bench(o, rows);
   struct model_case {
     std::string name;
     std::shared_ptr<const model::model_file> file;
