@@ -1033,13 +1033,6 @@ CS_VNNI inline __m512i q4_group(const q4_block* b, const vnni_x& v, int g) {
   return _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
                              _mm512_loadu_si512(&v.b[64 * g]));
 }
-// A pair of q8 blocks: 16 int32 lanes (8 per block).
-CS_VNNI inline __m512i q8_pair(const q8_block* b, const uint8_t* u) {
-  const __m512i q = q8_gather2(b);
-  const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(u), q);
-  const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), q);
-  return _mm512_sub_epi32(dot, corr);
-}
 
 // Lane patterns that spread 4 scales over 4 groups of 4 lanes (q4), or
 // scales 0,1 / 2,3 over 2 groups of 8 lanes (q8).
