@@ -9,6 +9,8 @@
 // step probe says the step is being worked on; released, the step's logits
 // are bit-identical to one engine's. Every wait has a deadline; nothing is
 // timed or slept.
+// The second case holds two sessions' steps in the two stages at once
+// (issue #19: pipelines overlap sessions).
 #include "actors/compute_gate.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
@@ -27,6 +29,7 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -161,6 +164,130 @@ TEST_CASE("a shard answers liveness and step probes while its worker is held mid
   }
   REQUIRE(got.size() == want.size());
   CHECK(got == want);
+  CHECK(gates[0]->held() == 1);
+  CHECK(gates[1]->held() == 1);
+
+  for (auto& a : shards) caf::anon_send_exit(a, caf::exit_reason::kill);
+}
+
+// Issue #19, "pipelines overlap": while stage 1 computes session A's step,
+// stage 0 takes session B's. The gates make the moment certain without any
+// timing: stage 1's worker holds A's layers; B's step then reaches stage 0,
+// whose worker holds B's layers, so both stages are in the middle of a step
+// of a different session at once (each answers the step probe for its
+// session). Released, both sessions' logits equal one engine's, bit for bit.
+TEST_CASE("pipeline stages compute steps of two sessions at the same time", "[resilience][liveness][sessions]") {
+  const std::string path = test::shared_file("models/stories260K.bin");
+  if (path.empty()) return;
+  auto f = model::model_file::open(path);
+  REQUIRE(f.ok());
+  const auto file = f.value();
+  const kernels::backend* be = kernels::choose_backend("native").be;
+  REQUIRE(be);
+
+  const std::vector<int32_t> tokens_a = {1, 50, 60, 70, 80}, tokens_b = {1, 400, 300, 200, 100, 90, 7};
+  auto engine_logits = [&](const std::vector<int32_t>& tokens) {
+    auto w = model::shard_weights::make(file, model::slice_spec::whole(file->cfg()));
+    REQUIRE(w.ok());
+    model::engine eng(*w, *be);
+    std::vector<int> t(tokens.begin(), tokens.end());
+    const float* l = eng.prefill(t.data(), static_cast<int>(t.size()), 0);
+    return std::vector<float>(l, l + file->cfg().vocab_size);
+  };
+  const std::vector<float> want_a = engine_logits(tokens_a), want_b = engine_logits(tokens_b);
+
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto plan = topologies::place(file->cfg(), topologies::make_nodes(2, topologies::host_profile()),
+                                topologies::parse_strategy("pipeline:2").value());
+  REQUIRE(plan.ok());
+  REQUIRE(plan->shards.size() == 2);
+  std::vector<std::shared_ptr<actors::compute_gate>> gates;
+  std::vector<caf::actor> shards;
+  for (int i = 0; i < 2; ++i) {
+    const auto& placed = plan->shards[static_cast<size_t>(i)];
+    model::slice_spec spec;
+    spec.layer_begin = placed.layers.begin;
+    spec.layer_end = placed.layers.end;
+    spec.kv_head_begin = placed.kv_heads.begin;
+    spec.kv_head_end = placed.kv_heads.end;
+    spec.ffn_begin = placed.ffn.begin;
+    spec.ffn_end = placed.ffn.end;
+    spec.embedding = placed.has_embedding;
+    spec.classifier = placed.has_classifier;
+    spec.vocab_begin = placed.vocab.begin;
+    spec.vocab_end = placed.vocab.end;
+    auto w = model::shard_weights::make(file, spec);
+    REQUIRE(w.ok());
+    auto node = std::make_shared<actors::node_state>();
+    node->index = placed.node;
+    actors::shard_init init;
+    init.index = i;
+    init.stage = placed.stage;
+    init.rank = placed.rank;
+    init.group_size = placed.group_size;
+    init.checkpoint_every = 0;
+    init.weights = w.value();
+    init.backend = be;
+    init.node = node;
+    gates.push_back(std::make_shared<actors::compute_gate>());
+    init.gate = gates.back();
+    shards.push_back(actors::spawn_shard(sys, std::move(init)));
+  }
+  const std::vector<int> node_of = {plan->shards[0].node, plan->shards[1].node};
+  for (int i = 0; i < 2; ++i)
+    caf::anon_send(shards[static_cast<size_t>(i)], actors::wire_atom::value,
+                   actors::wiring_of(*plan, node_of, shards, i));
+
+  caf::scoped_actor session{sys};
+  const auto deadline = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(30); };
+  constexpr uint64_t sid_a = 21, sid_b = 22;
+  auto send_step = [&](uint64_t sid, const std::vector<int32_t>& tokens) {
+    actors::forward_req r;
+    r.id = actors::step_id{sid, 0, 0, static_cast<int32_t>(tokens.size())};
+    r.tokens = tokens;
+    r.reply_to = session;
+    caf::anon_send(shards[0], std::move(r));
+  };
+  auto working_on = [&](int i, uint64_t sid) {
+    int32_t working = -1;
+    session
+        ->request(shards[static_cast<size_t>(i)], std::chrono::seconds(5), actors::step_query_atom::value, sid,
+                  uint32_t{0}, int32_t{0})
+        .receive([&](int32_t w, int64_t) { working = w; },
+                 [&](caf::error& e) { FAIL("step probe of shard " << i << ": " << sys.render(e)); });
+    return working;
+  };
+
+  // Session A passes stage 0 and is held in stage 1's layers.
+  gates[1]->arm(1);
+  send_step(sid_a, tokens_a);
+  REQUIRE(gates[1]->wait_held(deadline()));
+  // Session B's step reaches stage 0 while A is held at stage 1, and is held in stage 0's layers.
+  gates[0]->arm(1);
+  send_step(sid_b, tokens_b);
+  REQUIRE(gates[0]->wait_held(deadline()));
+  CHECK(gates[1]->holding());  // both stages mid-step, on different sessions
+  CHECK(working_on(0, sid_b) == 1);
+  CHECK(working_on(1, sid_a) == 1);
+  CHECK(working_on(1, sid_b) == 0);  // B has not reached stage 1
+  gates[1]->release();
+  gates[0]->release();
+
+  std::map<uint64_t, std::vector<float>> got;
+  while (got.size() < 2) {
+    bool timed_out = false;
+    session->receive(
+        [&](actors::logits_msg& m) {
+          CHECK(m.id.pos0 == 0);
+          got[m.id.session] = m.logits.data;
+        },
+        [&](actors::shard_error& e) { FAIL("shard error: " << e.message); },
+        caf::after(std::chrono::seconds(30)) >> [&] { timed_out = true; });
+    REQUIRE_FALSE(timed_out);
+  }
+  CHECK(got[sid_a] == want_a);
+  CHECK(got[sid_b] == want_b);
   CHECK(gates[0]->held() == 1);
   CHECK(gates[1]->held() == 1);
 
