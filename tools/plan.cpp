@@ -516,6 +516,18 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
       {"electricity at $0.30/kWh", [](plan_request& q) { q.assume.electricity_usd_per_kwh = 0.30; }},
       {"context 32,768", [](plan_request& q) { q.context = 32768; }},
   };
+  // Expert replicas (issue #25): the planner's expert layout copies every
+  // routed expert as often as the expert nodes allow, so a second copy of
+  // each takes twice the nodes; the runtime's expert placement takes --expert-replicas.
+  if (p.layout.topology.kind == plan_kind::expert && p.layout.expert_nodes > 0) {
+    const int twice = 2 * r.nodes;
+    vs.push_back({"expert replicas: twice the nodes (" + std::to_string(twice) + "), every expert on as many as they allow",
+                  [twice](plan_request& q) { q.nodes = twice; }});
+  } else if (p.layout.topology.kind == plan_kind::pipeline && p.layout.topology.experts >= 2 &&
+             p.layout.topology.expert_replicas < 2) {
+    vs.push_back({"2 replicas of every expert (--expert-replicas 2)",
+                  [](plan_request& q) { q.topology.expert_replicas = 2; }});
+  }
   struct scored {
     std::string name;
     double ratio;
