@@ -30,6 +30,20 @@ TEST_CASE("cellshard plan --json has the keys of CLI.md", "[planner][cli]") {
   CHECK(j["baseline"]["nodes"] == 1);
 }
 
+TEST_CASE("cellshard plan --json: Kimi K3 total and active parameters within 2 percent of the published ones",
+          "[planner][cli][kimi]") {
+  // Published: 2.78T total, ~104B active per token (HARDWARE.md; model_presets.hpp).
+  auto r = run_command({cellshard_bin(), "plan", "--model", "kimi-k3", "--hardware", "ps3", "--nodes", "100000",
+                        "--topology", "expert", "--baseline", "none", "--json", "-"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j.contains("total_params"));
+  REQUIRE(j.contains("active_params"));
+  CHECK(j["total_params"].get<double>() == Approx(2.78e12).epsilon(0.02));
+  CHECK(j["active_params"].get<double>() == Approx(104e9).epsilon(0.02));
+}
+
 TEST_CASE("cellshard plan: calibration list and config.json", "[planner][cli]") {
   const std::string dir = cellshard::test::temp_dir("plan-cli");
   const std::string csv = dir + "/sweep.csv";
