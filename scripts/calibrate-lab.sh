@@ -25,6 +25,8 @@
 # models' shapes for the planner (lab8.config.json, labmoe8.config.json: plan
 # finds STEM.config.json beside the CSV), the plots of each sweep (first
 # run) and failed.txt: the runs that failed (not in the CSVs; empty when none).
+# With the default OUTDIR it also regenerates docs/kimi-k3-on-100k-ps3.md
+# (the command at its top, --calibrate-context STEPS/2: 24 by default).
 # Needs root (ip netns, tc, cgroups), iperf3, gnuplot, python3 and a build.
 # Takes about 8 minutes per repeat on 2 idle cores (estimate: docs/planner.md).
 # Environment:
@@ -191,3 +193,12 @@ for rule in every:4 "nodes:$NODES"; do
   grep -E "^(calibration|held-out)" "$OUT/$name.txt" >&2
 done
 echo "wrote $CSV, $RAW, $OUT/lab-spread.txt and $OUT/holdout-*.json" >&2
+# The Kimi K3 report is calibrated on the committed lab rows: regenerate it
+# (its own command, at its top) when they are the ones just written.
+if [ "$OUT" = docs/data/lab ]; then
+  echo "== docs/kimi-k3-on-100k-ps3.md" >&2
+  "$B" plan --model kimi-k3 --hardware ps3 --nodes 100000 --batch 256 --calibrate "$CSV" \
+    --calibrate-model "$OUT/lab8.config.json" --calibrate-context $((STEPS / 2)) --holdout every:4 \
+    --simulate --sim-hours 4 --report docs/kimi-k3-on-100k-ps3.md >/dev/null
+  grep -E "^Largest held-out error" docs/kimi-k3-on-100k-ps3.md >&2
+fi
