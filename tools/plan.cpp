@@ -276,6 +276,9 @@ struct plan_band {
   double latency_lo = 0, latency_hi = 0;  // s between a sequence's tokens
   double tokens_lo = 0, tokens_hi = 0;    // tokens/s
   double cost_lo = 0, cost_hi = 0;        // USD per million tokens
+  double chain_lo = 0, chain_hi = 0;      // s per token for one sequence
+  double goodput_lo = 0, goodput_hi = 0;  // tokens/s after failures
+  double energy_lo = 0, energy_hi = 0;    // J per token
 };
 
 std::string report_text(const plan_opts& o, const plan_result& p, const plan_result* base,
@@ -302,28 +305,36 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
      << " tokens/s |\n";
   md << "| time per token | " << human_seconds(p.chain_s) << " for one sequence (" << p.hops << " hops: "
      << human_seconds(p.chain_latency_s) << " latency + " << human_seconds(p.chain_transfer_s) << " transfer + "
-     << human_seconds(p.chain_compute_s) << " compute + " << human_seconds(p.chain_overhead_s) << " overhead) |\n";
+     << human_seconds(p.chain_compute_s) << " compute + " << human_seconds(p.chain_overhead_s) << " overhead)"
+     << (band ? "; band " + human_seconds(band->chain_lo) + " - " + human_seconds(band->chain_hi) : std::string())
+     << " |\n";
   md << "| throughput | " << rate(p.tokens_per_s) << " tokens/s at batch " << r.batch << " ("
      << human_seconds(p.per_token_latency_s) << " between a sequence's tokens), limited by the "
-     << p.throughput_limit << " |\n";
+     << p.throughput_limit
+     << (band ? "; band " + rate(band->tokens_lo) + " - " + rate(band->tokens_hi) + " tokens/s" : std::string())
+     << " |\n";
   md << "| links | busiest link carries " << f("%.3g", p.link_bytes_per_token / 1e6) << " MB per token ("
      << p.link_busiest << "): at most " << rate(p.link_bound_tokens_per_s) << " tokens/s |\n";
   md << "| failures | " << f("%.3g", p.failures_per_hour) << " per hour over " << p.layout.used_nodes
      << " used nodes; a request of " << r.assume.request_tokens << " tokens (" << human_seconds(p.request_seconds)
      << ") meets one with p = " << f("%.3g", p.request_failure_probability) << "; goodput "
-     << rate(p.goodput_tokens_per_s) << " tokens/s |\n";
+     << rate(p.goodput_tokens_per_s) << " tokens/s"
+     << (band ? " (band " + rate(band->goodput_lo) + " - " + rate(band->goodput_hi) + ")" : std::string()) << " |\n";
   md << "| power | " << f("%.3g", mw) << " MW (" << r.nodes << " x " << f("%.0f", r.hw.node.power_w) << " W) |\n";
-  md << "| energy per token | " << human_si(p.energy_per_token_j, "J") << " |\n";
+  md << "| energy per token | " << human_si(p.energy_per_token_j, "J")
+     << (band ? "; band " + human_si(band->energy_lo, "J") + " - " + human_si(band->energy_hi, "J") : std::string())
+     << " |\n";
   md << "| cost | " << money(p.cost_per_million_tokens_usd) << " per million tokens ("
      << money(p.cost_per_million_tokens_usd / 1e6) << " per token; " << money(p.usd_per_hour)
      << "/h: electricity at $" << f("%.3g", r.assume.electricity_usd_per_kwh) << "/kWh + "
-     << money(p.hardware_usd) << " of hardware over " << f("%g", r.assume.amortisation_years) << " years) |\n";
+     << money(p.hardware_usd) << " of hardware over " << f("%g", r.assume.amortisation_years) << " years)"
+     << (band ? "; band " + money(band->cost_lo) + " - " + money(band->cost_hi) : std::string()) << " |\n";
   if (band) {
     md << "| uncertainty | with each of the " << band->fits
        << " leave-one-out refits of the calibration: " << human_seconds(band->latency_lo) << " - "
        << human_seconds(band->latency_hi) << " between a sequence's tokens, " << rate(band->tokens_lo) << " - "
        << rate(band->tokens_hi) << " tokens/s, " << money(band->cost_lo) << " - " << money(band->cost_hi)
-       << " per million tokens |\n";
+       << " per million tokens (memory, links and power use no fitted constant) |\n";
   }
   if (base) {
     md << "| the same on " << base->request.nodes << " x " << base->request.hw.node.name << " | "
@@ -729,6 +740,7 @@ void add_plan(CLI::App& app, int& status) {
     if (cal && !loo.empty()) {
       band = std::make_unique<plan_band>();
       band->latency_lo = band->tokens_lo = band->cost_lo = std::numeric_limits<double>::infinity();
+      band->chain_lo = band->goodput_lo = band->energy_lo = std::numeric_limits<double>::infinity();
       for (const auto& a : loo) {
         plan_request q = r;
         apply_fit(q.assume, a, o->efficiency);
@@ -741,6 +753,12 @@ void add_plan(CLI::App& app, int& status) {
         band->tokens_hi = std::max(band->tokens_hi, pq->tokens_per_s);
         band->cost_lo = std::min(band->cost_lo, pq->cost_per_million_tokens_usd);
         band->cost_hi = std::max(band->cost_hi, pq->cost_per_million_tokens_usd);
+        band->chain_lo = std::min(band->chain_lo, pq->chain_s);
+        band->chain_hi = std::max(band->chain_hi, pq->chain_s);
+        band->goodput_lo = std::min(band->goodput_lo, pq->goodput_tokens_per_s);
+        band->goodput_hi = std::max(band->goodput_hi, pq->goodput_tokens_per_s);
+        band->energy_lo = std::min(band->energy_lo, pq->energy_per_token_j);
+        band->energy_hi = std::max(band->energy_hi, pq->energy_per_token_j);
       }
       if (band->fits == 0) band.reset();
     }
@@ -849,7 +867,10 @@ void add_plan(CLI::App& app, int& status) {
         j["uncertainty"] = {{"refits", band->fits},
                             {"per_token_latency_s", {band->latency_lo, band->latency_hi}},
                             {"tokens_per_s", {band->tokens_lo, band->tokens_hi}},
-                            {"cost_per_million_tokens_usd", {band->cost_lo, band->cost_hi}}};
+                            {"cost_per_million_tokens_usd", {band->cost_lo, band->cost_hi}},
+                            {"chain_s", {band->chain_lo, band->chain_hi}},
+                            {"goodput_tokens_per_s", {band->goodput_lo, band->goodput_hi}},
+                            {"energy_per_token_j", {band->energy_lo, band->energy_hi}}};
       }
       if (val) {
         nlohmann::json pts = nlohmann::json::array();
