@@ -656,7 +656,7 @@ CS_AVX512 void quant_avx512(float* out, const B* W, std::size_t stride, const fl
 // x0.96 at 32768 x 8192, x0.99 at 16384 x 16384 (beyond the caches). Both
 // run at about 2 512-bit operations per cycle (20-22 GB/s of q4_0 here):
 // bound by the vector pipes, not by memory.
-// NR rows x NX vectors pass together (matvec: 4 x 1 with prefetch as
+// NR rows x NX vectors pass together (matvec: 4 or 5 x 1 with prefetch as
 // quant_avx512_rows; batched: 1 x 4); the operations of one (row, vector)
 // pair do not depend on NR, NX or the neighbours, so batched = matvec.
 
@@ -837,7 +837,20 @@ CS_AVX512 inline void q4_avx512_rows(const q4_block* const* row, const float* co
   }
 }
 
-// Matvec rows [r0, r1) with x' = q4_order_x(x).
+// Matvec rows [r0, r1) with x' = q4_order_x(x). Rows go 4 at a time, or 5
+// when the rows of the call hold at least q4_stream5_bytes (weights streamed
+// from memory): 5 rows interleaved keep more lines in flight there, while in
+// L2 the fifth row's registers spill. Measured (stand-alone driver, 1
+// thread, CPU time, medians of 25-40 alternating pairs per run, load average
+// 5-6, session 13), time with 5 rows over time with 4: 16384 x 16384
+// 0.87-0.97 (9 runs), 8192 x 32768 0.94, 131072 x 2048 0.95, 65536 x 4096
+// 0.94, 16384 x 11008 0.97, 32768 x 8192 0.98; in the caches 4096 x 4096
+// 0.99, 32000 x 768 1.04, 2048 x 768 1.04, 768 x 768 1.08 (hence the
+// threshold). A copy of the 4-row kernel elsewhere in the binary measured
+// 0.93-1.04 against it in the same runs (code placement). Each row's
+// operations do not depend on the row count of a pass, so the results are
+// the same bit for bit either way.
+constexpr std::size_t q4_stream5_bytes = std::size_t{16} << 20;
 CS_AVX512 void q4_avx512(float* out, const q4_block* W, std::size_t stride, const float* xp, int r0, int r1,
                          int cols) {
   auto row_at = [&](int r) {
@@ -845,6 +858,15 @@ CS_AVX512 void q4_avx512(float* out, const q4_block* W, std::size_t stride, cons
   };
   const float* xs[1] = {xp};
   int r = r0;
+  if (static_cast<std::size_t>(r1 - r0) * stride >= q4_stream5_bytes) {
+    // The prefetch distance as group_prefetch's, in passes of 5 rows.
+    const std::ptrdiff_t g = 5 * static_cast<std::ptrdiff_t>(stride);
+    const std::ptrdiff_t pf = g * std::max<std::ptrdiff_t>(1, (min_prefetch_bytes + g - 1) / g);
+    for (; r + 5 <= r1; r += 5) {
+      const q4_block* rows[5] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3), row_at(r + 4)};
+      q4_avx512_rows<5, 1, true>(rows, xs, out + r, cols, pf);
+    }
+  }
   for (; r + 4 <= r1; r += 4) {
     const q4_block* rows[4] = {row_at(r), row_at(r + 1), row_at(r + 2), row_at(r + 3)};
     q4_avx512_rows<4, 1, true>(rows, xs, out + r, cols, group_prefetch(stride));

@@ -388,6 +388,32 @@ TEST_CASE("native quantized rows give the same bits in groups of 4 as alone", "[
   }
 }
 
+// At the avx512 levels q4_0 exact takes rows 5 at a time when the rows of a
+// call hold at least 16 MiB (kernels/native.cpp, q4_stream5_bytes), 4 at a
+// time below: 1866 rows of 16001 columns (16.0 MiB + 1 row; 373 passes of 5
+// and a lone row, partial last block) give the bits of each row alone and of
+// passes of 4.
+TEST_CASE("native q4_0 exact rows give the same bits in passes of 5 as alone", "[kernels][native]") {
+  restore saved;
+  const int rows = 1866, cols = 16001;
+  REQUIRE(static_cast<std::size_t>(rows - 1) * q8_blocks_per_row(cols) * sizeof(q4_block) >= (std::size_t{16} << 20));
+  const quant_matrix m(rows, cols, 4242u);
+  test::rng g(31);
+  std::vector<float> x(cols);
+  test::fill(g, x.data(), cols);
+  for (native::isa lv : levels()) {
+    REQUIRE(native::set_isa(lv));
+    INFO(native::to_string(lv));
+    std::vector<float> all(rows), one(rows), four(rows);
+    native::matvec_q4_rows(all.data(), m.q4.data(), x.data(), 0, rows, cols);
+    for (int r = 0; r < rows; ++r) native::matvec_q4_rows(one.data(), m.q4.data(), x.data(), r, r + 1, cols);
+    for (int r = 0; r < rows; r += 4)
+      native::matvec_q4_rows(four.data(), m.q4.data(), x.data(), r, std::min(rows, r + 4), cols);
+    CHECK(std::memcmp(all.data(), one.data(), rows * sizeof(float)) == 0);
+    CHECK(std::memcmp(all.data(), four.data(), rows * sizeof(float)) == 0);
+  }
+}
+
 namespace {
 
 // The AVX-512 level's dot product as scalar code: lane l of two 16-lane
