@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -388,6 +389,65 @@ std::string report_text(const plan_opts& o, const plan_result& p, const plan_res
   }
   md << "\nKV cache and KDA state grow with the batch, so larger batches need wider TP groups; a station "
         "processes its micro-batch with one read of its weights.\n\n";
+
+  // Issue #25: the public "ps3-cluster" design (ANCHORS.md: Kimi K3 on
+  // ~82,500 PS3s, one expert per console, ~1,572 active per token, subclusters
+  // of 22 with replicas) beside this plan's layout, with the same constants.
+  if (r.model.name == "kimi-k3" && p.layout.topology.kind == plan_kind::expert) {
+    const model_spec& m = r.model;
+    auto column = [&](int nodes) {
+      plan_request q = r;
+      q.nodes = nodes;
+      q.batch = 1;
+      return try_plan(q);
+    };
+    const row_result ours = column(r.nodes), theirs = column(82500);
+    // Consoles a token visits: every dense station and pool (all on the
+    // chain) plus, per MoE layer, the expert consoles its k experts are on
+    // (expected under uniform routing; epn experts of a layer per console).
+    auto active = [&](const plan_layout& l) {
+      const double epn = std::max(1, l.experts_per_node), per_layer = m.n_experts / epn;
+      const double hit = per_layer * (1 - std::pow(1 - 1 / per_layer, m.n_active_experts));
+      return static_cast<double>(l.used_nodes - l.expert_nodes) + m.moe_layers() * hit;
+    };
+    md << "## Beside the public \"ps3-cluster\" design\n\n"
+       << "ANCHORS.md cites a design that puts Kimi K3 on about 82,500 PS3s, one routed expert per console, about "
+          "1,572 consoles active per token, subclusters of 22 with replicas. The same preset and constants as above, "
+          "at batch 1:\n\n"
+       << "| | ps3-cluster design | this plan, " << r.nodes << " nodes | this plan, 82500 nodes |\n|---|---|---|---|\n";
+    auto cell = [&](const row_result& x, const std::function<std::string(const plan_result&)>& g) {
+      return x.ok ? g(x.p) : "- (" + x.why + ")";
+    };
+    auto row = [&](const std::string& name, const std::string& design,
+                   const std::function<std::string(const plan_result&)>& g) {
+      md << "| " << name << " | " << design << " | " << cell(ours, g) << " | " << cell(theirs, g) << " |\n";
+    };
+    row("routed experts per console", "1", [](const plan_result& x) {
+      return std::to_string(x.layout.experts_per_node) + " (" + std::to_string(x.layout.expert_nodes) +
+             " expert consoles, " + std::to_string(x.layout.expert_copies) + " copy)";
+    });
+    row("consoles for everything else", "~68 (82,500 minus the experts)", [](const plan_result& x) {
+      return std::to_string(x.layout.used_nodes - x.layout.expert_nodes) + " (" +
+             std::to_string(x.layout.groups.size()) + " stations: layer groups and vocabulary pools)";
+    });
+    row("consoles used / spare", "~82,500 / not stated", [](const plan_result& x) {
+      return std::to_string(x.layout.used_nodes) + " / " + std::to_string(x.layout.spare_nodes);
+    });
+    row("consoles active per token", "~1,572",
+        [&](const plan_result& x) { return f("%.0f", active(x.layout)) + " (expected, uniform routing)"; });
+    row("fits in 256 MiB per console", "assumed", [](const plan_result& x) {
+      return std::string(x.memory_fit ? "yes" : "no") + " (busiest " + f("%.1f", x.memory_per_node_bytes / 1048576.0) +
+             " MiB)";
+    });
+    row("time per token, one sequence", "not stated", [](const plan_result& x) { return human_seconds(x.chain_s); });
+    row("power, all consoles on", "not stated", [](const plan_result& x) { return f("%.3g", x.power_w / 1e6) + " MW"; });
+    md << "\nWhat each assumes: the design counts routed experts (" << m.moe_layers() << " MoE layers x "
+       << m.n_experts << ") and gives the rest of the model the remaining consoles; this plan lays out the "
+          "attention, shared experts, router, embedding and classifier too, each station within a console's "
+          "memory, which takes the consoles in the second row. Subclusters with replicas, the design's unit of "
+          "fault tolerance, are not modelled (the planner counts spares; the sensitivity table below has a row with "
+          "every expert copied).\n\n";
+  }
 
   if (base) {
     md << "## The same model on GPU servers\n\n```\n" << to_text(*base) << "```\n\n";
