@@ -61,6 +61,13 @@ nlohmann::json config_json(const model::config& c) {
 }
 
 int do_inspect(const inspect_opts& o) {
+  // Usage checks first, before the file is read. The bound is run's in-process
+  // limit: a placement of 10^8 nodes ran for minutes (`plan` simulates such clusters).
+  constexpr int max_nodes = 100000;
+  if (o.nodes < 1 || o.nodes > max_nodes)
+    throw cli_error("--nodes: got " + std::to_string(o.nodes) + ", expected 1 to " + std::to_string(max_nodes) +
+                        " nodes (`plan` simulates larger clusters)",
+                    2);
   nlohmann::json j;
   j["file"] = o.model;
   const bool gguf = model::is_gguf_path(o.model);
@@ -176,7 +183,7 @@ int do_inspect(const inspect_opts& o) {
       p.memory_bytes = *m;
     }
     auto strat = topologies::parse_strategy(o.topology);
-    if (!strat) throw cli_error("--topology: " + strat.message(), 2);
+    if (!strat) throw cli_error(strat.message(), 2);  // it names --topology
     topologies::placement_options po;
     po.check_memory = false;
     auto wf = topologies::find_weight_format(weights);
@@ -273,7 +280,7 @@ void add_inspect(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand("inspect", "what a model file holds and whether it fits the nodes");
   cmd->add_option("model", o->model, "model file: llama2.c .bin, CSQ8 q8_0, GGUF (vocabulary-only too)")->required();
   cmd->add_option("-z,--tokenizer", o->tokenizer, "tokenizer (default: the GGUF's own, or tokenizer.bin beside a .bin)");
-  cmd->add_option("--nodes", o->nodes, "nodes to place the model on")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--nodes", o->nodes, "nodes to place the model on (1 to 100000)")->capture_default_str();
   cmd->add_option("--topology", o->topology, "pipeline|tensor|hybrid:PxT")->capture_default_str();
   cmd->add_option("--profile", o->profile, "node profile: host|ps3|ps3-slim|rpi5")->capture_default_str();
   cmd->add_option("--memory", o->memory, "per-node memory budget, e.g. 256MiB (overrides the profile)");

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <sys/statvfs.h>
 
 namespace cellshard::tools {
@@ -75,7 +76,18 @@ void add_synth(CLI::App& app, int& status) {
   cmd->add_option("--json", o->json_out, "{output, format, config, bytes, seed} to FILE (- = stdout)");
   cmd->add_option("--max-size", o->max_bytes, "refuse shapes whose file exceeds this many bytes")
       ->capture_default_str();
-  cmd->callback([o, &status] {
+  cmd->callback([o, cmd, &status] {
+    // A shape flag that is given must be a shape: 0 used to mean "not given"
+    // and `--dim 0` silently wrote the preset's width.
+    for (const auto& [flag, value] :
+         {std::pair<const char*, int>{"--dim", o->dim}, {"--hidden", o->hidden}, {"--layers", o->layers},
+          {"--heads", o->heads}, {"--kv-heads", o->kv_heads}, {"--vocab", o->vocab}, {"--seq-len", o->seq_len},
+          {"--experts", o->experts}, {"--experts-used", o->experts_used}}) {
+      if (cmd->count(flag) > 0 && value < 1)
+        throw cli_error(std::string("synth: ") + flag + ": got " + std::to_string(value) +
+                            ", expected a positive number (leave the flag out for the preset's value)",
+                        2);
+    }
     auto base = model::synth_preset(o->preset == "custom" ? "stories260k" : o->preset);
     if (!base) throw cli_error(base.message(), 2);
     model::config c = *base;

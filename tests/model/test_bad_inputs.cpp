@@ -108,6 +108,22 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
                                       "--heads", "32", "--kv-heads", "32", "--layers", "4000",
                                       "--max-size", "100000000000000", "-o", "{D}/big.bin"}, 1,
        {"big.bin would be", "TiB", "free; expected a smaller shape or another folder"}},
+      // A shape flag given as 0 used to be taken for "not given": --dim 0 wrote dim 64.
+      {"synth --dim 0", {"synth", "--config", "custom", "--dim", "0", "-o", "{D}/dim0.bin"}, 2,
+       {"synth: --dim: got 0", "expected a positive number"}},
+      {"synth --layers -3", {"synth", "--layers", "-3", "-o", "{D}/layers-3.bin"}, 2,
+       {"synth: --layers: got -3", "expected a positive number"}},
+      {"synth --experts 0", {"synth", "--experts", "0", "-o", "{D}/experts0.gguf"}, 2,
+       {"synth: --experts: got 0", "expected a positive number"}},
+      {"synth --experts-used 0", {"synth", "--experts", "4", "--experts-used", "0", "-o", "{D}/used0.gguf"}, 2,
+       {"synth: --experts-used: got 0", "expected a positive number"}},
+      // inspect's --nodes: CLI11's PositiveNumber printed "not in range 0.000000 to 1.8e308", and
+      // 10^8 nodes ran for minutes; --topology was named twice.
+      {"inspect --nodes 0", {"inspect", "{M}", "--nodes", "0"}, 2, {"--nodes: got 0", "expected 1 to 100000 nodes"}},
+      {"inspect --nodes 100000000", {"inspect", "{M}", "--nodes", "100000000"}, 2,
+       {"--nodes: got 100000000", "expected 1 to 100000 nodes"}},
+      {"inspect --topology bogus", {"inspect", "{M}", "--topology", "bogus"}, 2,
+       {"cellshard: error: --topology 'bogus': expected pipeline"}},
       // Sizes that would not fail but run for minutes and take the machine's memory.
       {"--threads 100000", {"run", "-m", "{M}", "-z", "{Z}", "-n", "4", "--threads", "100000"}, 2,
        {"--threads: got 100000", "expected 0 (the CPUs this process may use) to 1024"}},
@@ -150,6 +166,7 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
   // Refused before writing: no partial file left behind, and the input intact.
   CHECK(!exists(dir + "/huge.bin"));
   CHECK(!exists(dir + "/big.bin"));
+  for (const char* f : {"/dim0.bin", "/layers-3.bin", "/experts0.gguf", "/used0.gguf"}) CHECK(!exists(dir + f));
   CHECK(test::read_file(copy) == test::read_file(m));
 }
 
