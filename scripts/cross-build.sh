@@ -10,7 +10,8 @@
 #     nothing is installed into the host but the s390x package lists
 #     (dpkg --add-architecture s390x). Binary: OUTDIR/build/tools/cellshard.
 #     Run it:  qemu-s390x-static -L OUTDIR/sysroot OUTDIR/build/tools/cellshard ...
-#     Also builds supervision_tests (the checkpoint archive format).
+#     Also builds supervision_checkpoint_tests (supervision_tests' checkpoint
+#     archive cases alone: tests/supervision/checkpoint_test.cpp).
 #     --test (or --test-all): the [checkpoint] cases under QEMU, then three
 #     generations from stories260K (one node, in-process pipeline of 3, tensor
 #     group of 3) against the llama2.c fixture's ids. The mixed x86/s390x
@@ -143,7 +144,7 @@ ppc64_tests=(test_kernels test_topologies test_journal_format test_model test_gg
 
 compile() {
   if [ "$arch" = s390x ]; then
-    cmake --build "$build" --target cellshard supervision_tests -j"${CELLSHARD_JOBS:-$(nproc)}"
+    cmake --build "$build" --target cellshard supervision_checkpoint_tests -j"${CELLSHARD_JOBS:-$(nproc)}"
     echo "binary: $build/tools/cellshard"
   else
     local targets=("${ppc64_tests[@]}")
@@ -165,7 +166,7 @@ test_s390x() {
   # The checkpoint archive format (supervision/checkpoint.hpp) on the
   # big-endian CPU: the same fixed little-endian bytes as on x86, its XXH64
   # trailer, deltas and the file-backed store.
-  (cd "$build" && emu "$sysroot" "$build/tests/supervision/supervision_tests" '[checkpoint]') || rc=1
+  (cd "$build" && emu "$sysroot" "$build/tests/supervision/supervision_checkpoint_tests" '[checkpoint]') || rc=1
   # Whole generations on the big-endian CPU: one process, then a pipeline of
   # 3 and a tensor group of 3 in-process nodes (CAF actors, blobs and KV
   # checkpoints), each against the llama2.c fixture's ids.
