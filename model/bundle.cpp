@@ -36,6 +36,9 @@ result<bundle> load_bundle(const std::string& model_path, const std::string& tok
          "/tokenizer.bin";
   }
   auto t = tokenizer::open(tp);
+  if (!t && tokenizer_path.empty() && tp == model_path)  // a GGUF without tokenizer keys (synth --experts writes one)
+    return make_error(t.message() + "; the GGUF's own tokenizer was used since no -z was given: -z FILE gives a "
+                                    "tokenizer of the same vocabulary instead");
   if (!t) return t.err();
   b.tok = *t;
   auto ok = check_pair(*b.file, *b.tok);

@@ -90,6 +90,11 @@ result<void> model_file::init_gguf(const std::string& name, load_options opts) {
     keep_original();
   }
 
+  // llama.cpp's ggml-vocab-*.gguf files carry a tokenizer and no tensor:
+  // "missing tensor token_embd.weight" did not say why.
+  if (g.tensors().empty())
+    return make_error(name + ": a vocabulary-only GGUF (tokenizer keys, no tensors): there are no weights to run; "
+                             "expected a model file (`tokenize -m` and `inspect` read vocabulary-only files)");
   auto arch = g.get_string("general.architecture");
   if (!arch) return arch.err();
   if (*arch != "llama" && *arch != "qwen2" && *arch != "qwen2moe")

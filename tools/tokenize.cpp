@@ -24,11 +24,20 @@ struct tokenize_opts {
 
 std::shared_ptr<const model::tokenizer> open_tokenizer(const tokenize_opts& o) {
   if (o.model.empty() && o.tokenizer.empty()) return load_model("", "").tok;  // the default model's
+  const bool gguf = model::is_gguf_path(o.model) || model::gguf::file::named_gguf(o.model);
+  if (!o.model.empty() && !gguf) {
+    // A llama2.c model: its tokenizer (-z, or tokenizer.bin beside it) is checked
+    // against the model's vocabulary, as run does; a tokenizer of 32000 tokens
+    // beside stories260K.bin used to print ids the model does not have.
+    auto b = model::load_bundle(o.model, o.tokenizer);
+    if (!b) throw cli_error(b.message());
+    return b->tok;
+  }
   std::string tp = o.tokenizer;
   if (tp.empty()) {
     // A name that says GGUF counts too: an empty or truncated download then
     // gets GGUF's error, not "tokenizer.bin is missing" beside it.
-    if (model::is_gguf_path(o.model) || model::gguf::file::named_gguf(o.model)) {
+    if (gguf) {
       tp = o.model;
     } else {
       const auto slash = o.model.rfind('/');

@@ -57,6 +57,10 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
   // An empty download named .gguf, and a truncated one (16 bytes of text).
   std::ofstream(dir + "/empty.gguf", std::ios::binary).flush();
   std::ofstream(dir + "/text.GGUF", std::ios::binary) << "<html>not found\n";
+  // A GGUF mixture of experts without tokenizer keys, as synth --experts writes it.
+  REQUIRE(test::run_command({test::cellshard_bin(), "synth", "--experts", "2", "-o", dir + "/moe-notok.gguf"}).status ==
+          0);
+  const std::string vocab_only = test::shared_file("models/gguf/ggml-vocab-llama-spm.gguf");
   const std::vector<bad_input> table = {
       {"-t nan", {"run", "-m", "{M}", "-z", "{Z}", "-t", "nan"}, 2,
        {"-t/--temperature: got nan", "expected a finite number"}},
@@ -124,6 +128,13 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
        {"--nodes: got 100000000", "expected 1 to 100000 nodes"}},
       {"inspect --topology bogus", {"inspect", "{M}", "--topology", "bogus"}, 2,
        {"cellshard: error: --topology 'bogus': expected pipeline"}},
+      // Files a user finds beside the models: each error says what the file is and what to pass.
+      {"run -m a vocabulary-only GGUF", {"run", "-m", vocab_only, "-n", "4"}, 1,
+       {"ggml-vocab-llama-spm.gguf: a vocabulary-only GGUF (tokenizer keys, no tensors)", "no weights to run"}},
+      {"run -m a GGUF without a tokenizer and no -z", {"run", "-m", "{D}/moe-notok.gguf", "-n", "4"}, 1,
+       {"moe-notok.gguf: missing key tokenizer.ggml.model", "-z FILE gives a tokenizer of the same vocabulary"}},
+      {"tokenize -m a .bin whose default tokenizer.bin is another vocabulary", {"tokenize", "-m", "{M}", "-i", "Hello"},
+       1, {"tokenizer.bin has 32000 tokens but model", "stories260K.bin has vocab_size 512", "-z"}},
       // Sizes that would not fail but run for minutes and take the machine's memory.
       {"--threads 100000", {"run", "-m", "{M}", "-z", "{Z}", "-n", "4", "--threads", "100000"}, 2,
        {"--threads: got 100000", "expected 0 (the CPUs this process may use) to 1024"}},
