@@ -296,6 +296,18 @@ int do_run(run_opts o) {
                       model::format_digest(want) +
                       " (--expect-digest, XXH64 of the whole file): the file is corrupt or another version");
   }
+  // --weights quantizes f32 matrices at load time; a file that stores
+  // quantized ones (GGUF Q8_0/F16/..., CSQ8) runs them as stored. The flag used
+  // to be ignored silently while --json reported the requested format.
+  std::string weights_used = model::to_string(*fmt);
+  if (lm.file->quantized() || lm.file->has_non_f32()) {
+    weights_used = lm.file->quantized() ? "q8_0" : "gguf";  // inspect's names: CSQ8, each GGUF matrix as stored
+    if (weights_used != o.cf.weights && o.cf.weights != "f32")
+      std::fprintf(stderr,
+                   "note: --weights %s is ignored: %s stores quantized matrices, which run as stored "
+                   "(`cellshard quantize --type TYPE` writes another file)\n",
+                   o.cf.weights.c_str(), lm.file->path().c_str());
+  }
   const kernels::matmul_mode matmul = matmul_of(o.cf, lm);
   if (o.steps > lm.file->cfg().seq_len && (!resumed || o.steps_given))  // a resume takes the journal's steps
     std::fprintf(stderr, "warning: -n %d is above the context length %d; clamped to %d%s\n", o.steps,
@@ -522,7 +534,7 @@ int do_run(run_opts o) {
 
   report.model = lm.description;
   report.kernels = be->name;
-  report.weights = model::to_string(*fmt);
+  report.weights = weights_used;
   report.matmul = kernels::to_string(matmul);
   report.result = *res;
   report.batch_aggregate = o.batch > 1;

@@ -6,6 +6,7 @@
 #include "model/tokenizer.hpp"
 #include "tests/support.hpp"
 
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -260,4 +261,37 @@ TEST_CASE("a GGUF string longer than the file is refused before it is allocated"
   REQUIRE(!f);
   CHECK_THAT(f.message(), Catch::Contains("short.gguf: key of metadata entry 0 has length 536870912") &&
                               Catch::Contains("but only 3 bytes follow"));
+}
+
+TEST_CASE("run --weights on a file of quantized matrices says it is ignored and --json names what ran",
+          "[cli][validation]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("weights-ignored");
+  const std::string q8 = test::shared_file("models/gguf/stories260K-q8_0.gguf");
+  const std::string f32 = test::shared_file("models/gguf/stories260K.gguf");
+  auto run = [&](const std::string& m, const std::vector<std::string>& extra, const std::string& json) {
+    std::vector<std::string> a = {test::cellshard_bin(), "run", "-m", m, "-i", "Once upon a time", "-n", "12",
+                                  "-t", "0", "-q", "--json", json};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto r = test::run_command(a);
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    return std::make_pair(r.err, nlohmann::json::parse(test::read_file(json)));
+  };
+  // A Q8_0 GGUF runs its matrices as stored: the same ids and memory with and without --weights q4_0.
+  auto [err0, plain] = run(q8, {}, dir + "/plain.json");
+  auto [err1, asked] = run(q8, {"--weights", "q4_0"}, dir + "/q4.json");
+  CHECK_THAT(err0, !Catch::Contains("--weights"));
+  CHECK_THAT(err1, Catch::Contains("note: --weights q4_0 is ignored: " + q8 + " stores quantized matrices"));
+  CHECK(plain["weights"] == "gguf");
+  CHECK(asked["weights"] == "gguf");  // was "q4_0"
+  CHECK(asked["ids"] == plain["ids"]);
+  CHECK(asked["nodes"][0]["memory_bytes"] == plain["nodes"][0]["memory_bytes"]);
+  // An F32 GGUF is quantized at load time as asked: fewer bytes, no note.
+  auto [err2, f] = run(f32, {}, dir + "/f32.json");
+  auto [err3, fq] = run(f32, {"--weights", "q4_0"}, dir + "/f32q4.json");
+  CHECK_THAT(err3, !Catch::Contains("ignored"));
+  CHECK(f["weights"] == "f32");
+  CHECK(fq["weights"] == "q4_0");
+  CHECK(fq["nodes"][0]["memory_bytes"].get<uint64_t>() < f["nodes"][0]["memory_bytes"].get<uint64_t>());
 }
