@@ -127,6 +127,14 @@ parse_result parse_request(const std::string& body, bool chat) {
       const int64_t n = integer(j["n"], "n");
       if (n != 1) throw bad_field{"n", "n: only 1 choice per request is supported, got " + std::to_string(n)};
     }
+    // Log probabilities are not computed: a client that asks for them would get
+    // "logprobs": null where it expects numbers, so the request is refused.
+    if (j.contains("logprobs") && !j["logprobs"].is_null() &&
+        !(j["logprobs"].is_boolean() && !j["logprobs"].get<bool>()))
+      throw bad_field{"logprobs", "logprobs: not supported (no log probabilities are computed); leave it out, "
+                                  "or send null or false"};
+    if (j.contains("top_logprobs") && !j["top_logprobs"].is_null())
+      throw bad_field{"top_logprobs", "top_logprobs: not supported (no log probabilities are computed); leave it out"};
     if (j.contains("stop") && !j["stop"].is_null()) {
       const auto& s = j["stop"];
       if (s.is_string()) {

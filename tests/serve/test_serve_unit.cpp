@@ -27,6 +27,12 @@ TEST_CASE("serve parse_request: a completion with every field", "[serve][unit]")
   CHECK(r.echo);
 }
 
+TEST_CASE("serve parse_request: logprobs null or false is no request for them", "[serve][unit]") {
+  CHECK(parse_request(R"({"prompt":"a","logprobs":null})", false).request);
+  CHECK(parse_request(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":null})", true)
+            .request);
+}
+
 TEST_CASE("serve parse_request: chat messages, defaults", "[serve][unit]") {
   auto p = parse_request(R"({"messages":[{"role":"system","content":"Be brief."},
                               {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"!"}]}]})",
@@ -88,6 +94,11 @@ TEST_CASE("serve parse_request: each bad field is a 400 naming it", "[serve][uni
       {R"({"messages":[{"role":"wizard","content":"x"}]})", true, "messages[0].role"},
       {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, "messages[0].content"},
       {R"({"prompt":"a","model":3})", false, "model"},
+      // logprobs used to be accepted and answered with "logprobs": null.
+      {R"({"prompt":"a","logprobs":2})", false, "logprobs"},
+      {R"({"prompt":"a","logprobs":0})", false, "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", true, "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", true, "top_logprobs"},
   };
   for (const auto& r : rows) {
     INFO(r.body);
