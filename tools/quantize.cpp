@@ -3,6 +3,7 @@
 // type (the classifier as llama-quantize picks it unless --pure); an f32
 // llama2.c checkpoint gives the q8_0 ("CSQ8") file of model/quant.hpp
 // (docs/formats.md).
+#include "kernels/types.hpp"
 #include "model/checkpoint.hpp"
 #include "model/gguf_model.hpp"
 #include "model/quant.hpp"
@@ -62,6 +63,17 @@ void add_quantize(CLI::App& app, int& status) {
           {"q4_0", kernels::dtype::q4_0}, {"q4_k", kernels::dtype::q4_k}, {"q6_k", kernels::dtype::q6_k}};
       for (const auto& n : names)
         if (o->type == n.first) q.type = n.second;
+      // llama-quantize refuses a quantized input without --allow-requantize;
+      // here it runs, but the loss compounds: say so (F16/BF16 inputs are the usual source).
+      if ((*in)->has_non_f32()) {
+        const kernels::dtype stored = (*in)->typed_layer(0).wq.type;
+        if (stored != kernels::dtype::f32 && stored != kernels::dtype::f16 && stored != kernels::dtype::bf16)
+          std::fprintf(stderr,
+                       "note: %s stores %s matrices: they are dequantized and quantized again to %s, which loses "
+                       "more than quantizing the F32/F16 original (llama-quantize refuses this without "
+                       "--allow-requantize)\n",
+                       o->in.c_str(), kernels::to_string(stored), o->type.c_str());
+      }
       auto img = model::quantize_gguf(**in, q);
       if (!img) throw cli_error(img.message());
       std::ofstream f(o->out, std::ios::binary);

@@ -295,3 +295,22 @@ TEST_CASE("run --weights on a file of quantized matrices says it is ignored and 
   CHECK(fq["weights"] == "q4_0");
   CHECK(fq["nodes"][0]["memory_bytes"].get<uint64_t>() < f["nodes"][0]["memory_bytes"].get<uint64_t>());
 }
+
+TEST_CASE("quantize of a GGUF whose matrices are already quantized says the loss compounds", "[cli][validation]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("requantize");
+  auto quantize = [&](const std::string& in, const char* type) {
+    auto r = test::run_command({test::cellshard_bin(), "quantize", "--type", type, test::shared_file(in),
+                                dir + "/out-" + type + ".gguf"});
+    INFO(r.err);
+    CHECK(r.status == 0);  // it still writes the file, as before
+    return r.err;
+  };
+  CHECK_THAT(quantize("models/gguf/stories260K-q8_0.gguf", "q4_0"),
+             Catch::Contains("stories260K-q8_0.gguf stores q8_0 matrices: they are dequantized and quantized again "
+                             "to q4_0") &&
+                 Catch::Contains("--allow-requantize"));
+  // F16 and F32 sources are the usual ones: no note.
+  CHECK_THAT(quantize("models/gguf/stories260K-f16.gguf", "q8_0"), !Catch::Contains("note:"));
+  CHECK_THAT(quantize("models/gguf/stories260K.gguf", "f16"), !Catch::Contains("note:"));
+}
