@@ -25,10 +25,12 @@ struct tokenize_opts {
 std::shared_ptr<const model::tokenizer> open_tokenizer(const tokenize_opts& o) {
   if (o.model.empty() && o.tokenizer.empty()) return load_model("", "").tok;  // the default model's
   const bool gguf = model::is_gguf_path(o.model) || model::gguf::file::named_gguf(o.model);
-  if (!o.model.empty() && !gguf) {
-    // A llama2.c model: its tokenizer (-z, or tokenizer.bin beside it) is checked
-    // against the model's vocabulary, as run does; a tokenizer of 32000 tokens
-    // beside stories260K.bin used to print ids the model does not have.
+  if (!o.model.empty() && (!gguf || !o.tokenizer.empty())) {
+    // A llama2.c model, or a GGUF given another tokenizer with -z: the tokenizer
+    // (-z, or tokenizer.bin beside a .bin) is checked against the model's
+    // vocabulary, as run does; a tokenizer of 32000 tokens beside
+    // stories260K.bin used to print ids the model does not have. A GGUF alone
+    // (vocabulary-only too) reads just its own tokenizer keys.
     auto b = model::load_bundle(o.model, o.tokenizer);
     if (!b) throw cli_error(b.message());
     return b->tok;

@@ -136,6 +136,10 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
        {"moe-notok.gguf: missing key tokenizer.ggml.model", "-z FILE gives a tokenizer of the same vocabulary"}},
       {"tokenize -m a .bin whose default tokenizer.bin is another vocabulary", {"tokenize", "-m", "{M}", "-i", "Hello"},
        1, {"tokenizer.bin has 32000 tokens but model", "stories260K.bin has vocab_size 512", "-z"}},
+      {"tokenize -m a GGUF -z a tokenizer of another vocabulary",
+       {"tokenize", "-m", test::shared_file("models/gguf/stories260K.gguf"), "-z", test::shared_file("models/tokenizer.bin"),
+        "-i", "hi"},
+       1, {"tokenizer.bin has 32000 tokens but model", "stories260K.gguf has vocab_size 512"}},
       // Sizes that would not fail but run for minutes and take the machine's memory.
       {"--threads 100000", {"run", "-m", "{M}", "-z", "{Z}", "-n", "4", "--threads", "100000"}, 2,
        {"--threads: got 100000", "expected 0 (the CPUs this process may use) to 1024"}},
