@@ -15,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <utility>
 
 namespace cellshard::serve {
 
@@ -639,7 +640,21 @@ result<std::string> server::bind() {
   });
   http.set_error_handler([self](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404) {
+    // A known route asked with another method (GET /v1/completions) is 405 with
+    // the method it takes, not "no route".
+    static const std::pair<const char*, const char*> routes[] = {
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/cluster/fault", "POST"},
+        {"/v1/models", "GET"},       {"/health", "GET"},               {"/metrics", "GET"},
+        {"/v1/cluster", "GET"},      {"/", "GET"}};
+    const char* allowed = nullptr;
+    for (const auto& r : routes)
+      if (req.path == r.first && req.method != r.second) allowed = r.second;
+    if (res.status == 404 && allowed) {
+      res.set_header("Allow", allowed);
+      self->send_error(res, {405, req.method + " " + req.path + " is not allowed; expected " + allowed + " " + req.path,
+                             "invalid_request_error", "", "method_not_allowed"});
+      self->count("other", 405);
+    } else if (res.status == 404) {
       self->send_error(res, {404, "no route " + req.method + " " + req.path + " (see GET /v1/models, "
                                   "POST /v1/completions, POST /v1/chat/completions, GET /health, GET /metrics)",
                              "invalid_request_error", "", "unknown_url"});

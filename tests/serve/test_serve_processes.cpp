@@ -642,6 +642,10 @@ TEST_CASE("serve bad request: retrieving an unknown model is 404", "[serve][proc
 TEST_CASE("serve bad request: an unknown route is 404", "[serve][processes]") {
   check_bad_request("route", {{}, "GET", "/v1/engines", "", 404, "unknown_url", ""});
 }
+TEST_CASE("serve bad request: a known route with another method is 405", "[serve][processes]") {
+  // It was 404 "no route GET /v1/completions".
+  check_bad_request("method", {{}, "GET", "/v1/completions", "", 405, "method_not_allowed", ""});
+}
 TEST_CASE("serve bad request: a body over --max-body is 413", "[serve][processes]") {
   check_bad_request("large", {{"--max-body", "2000"}, "POST", "/v1/completions",
                               json{{"prompt", std::string(3000, 'a')}}.dump(), 413, "request_too_large", ""});
