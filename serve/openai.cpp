@@ -119,9 +119,11 @@ parse_result parse_request(const std::string& body, bool chat) {
     if (j.contains("top_p") && !j["top_p"].is_null()) r.top_p = static_cast<float>(number(j["top_p"], "top_p", 0, 1));
     if (j.contains("seed") && !j["seed"].is_null()) {
       const auto& s = j["seed"];
+      // 0 and negative values (llama.cpp's server takes -1 as "random") mean no seed: the
+      // server draws one, as without the field (a negative value was wrapped to 2^64-1 before).
       if (s.is_number_unsigned()) r.seed = s.get<uint64_t>();
-      else r.seed = static_cast<uint64_t>(integer(s, "seed"));
-      if (*r.seed == 0) r.seed.reset();
+      else if (const int64_t v = integer(s, "seed"); v > 0) r.seed = static_cast<uint64_t>(v);
+      if (r.seed && *r.seed == 0) r.seed.reset();
     }
     if (j.contains("n") && !j["n"].is_null()) {
       const int64_t n = integer(j["n"], "n");

@@ -12,7 +12,7 @@
 //                the prompt; default 16 for completions, the rest of the context for chat
 //   temperature  number in [0, 2] (default 1); 0 = greedy argmax
 //   top_p        number in [0, 1] (default 1 = the whole distribution)
-//   seed         integer; absent (or 0) = drawn by the server
+//   seed         integer; absent, 0 or negative (llama.cpp: -1) = drawn by the server
 //   stop         string or array of at most 4 non-empty strings
 //   n            1 (anything else: 400)
 //   stream       boolean; stream_options.include_usage boolean

@@ -172,3 +172,22 @@ TEST_CASE("serve dump_json: invalid UTF-8 from a model becomes U+FFFD instead of
   CHECK(dump_json(j) == "{\"text\":\"ok \xEF\xBF\xBD\"}");
   CHECK_THROWS(j.dump());  // what the server did before (type_error 316, a dead stream)
 }
+
+TEST_CASE("serve parse_request: seed 0 or negative means the server draws one", "[serve][unit]") {
+  for (const char* body : {R"({"prompt":"a","seed":0})", R"({"prompt":"a","seed":-1})", R"({"prompt":"a","seed":-7})"}) {
+    INFO(body);
+    const auto p = parse_request(body, false);
+    REQUIRE(p.request);
+    CHECK(!p.request->seed);
+  }
+  const auto big = parse_request(R"({"prompt":"a","seed":18446744073709551615})", false);
+  REQUIRE(big.request);
+  REQUIRE(big.request->seed);
+  CHECK(*big.request->seed == 18446744073709551615ull);
+  const auto five = parse_request(R"({"prompt":"a","seed":5})", false);
+  REQUIRE(five.request);
+  CHECK(five.request->seed == std::optional<uint64_t>(5));
+  const auto frac = parse_request(R"({"prompt":"a","seed":1.5})", false);
+  CHECK(!frac.request);
+  CHECK(frac.error.status == 400);
+}
