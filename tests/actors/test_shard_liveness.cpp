@@ -31,9 +31,65 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 using namespace cellshard;
+
+namespace {
+
+// A pipeline:2 of `file` on the real scheduler of `sys`, each shard's worker
+// passing its jobs through a compute_gate of its own (armed for `arm` jobs: 0
+// leaves it to the test).
+struct gated_pipeline {
+  std::optional<topologies::placement> plan;
+  std::vector<std::shared_ptr<actors::compute_gate>> gates;
+  std::vector<caf::actor> shards;
+};
+
+gated_pipeline spawn_gated_pipeline(caf::actor_system& sys, const std::shared_ptr<const model::model_file>& file,
+                                    const kernels::backend* be, int arm) {
+  gated_pipeline g;
+  auto plan = topologies::place(file->cfg(), topologies::make_nodes(2, topologies::host_profile()),
+                                topologies::parse_strategy("pipeline:2").value());
+  REQUIRE(plan.ok());
+  REQUIRE(plan->shards.size() == 2);
+  g.plan = plan.value();
+  for (int i = 0; i < 2; ++i) {
+    const auto& placed = g.plan->shards[static_cast<size_t>(i)];
+    model::slice_spec spec;
+    spec.layer_begin = placed.layers.begin;
+    spec.layer_end = placed.layers.end;
+    spec.kv_head_begin = placed.kv_heads.begin;
+    spec.kv_head_end = placed.kv_heads.end;
+    spec.ffn_begin = placed.ffn.begin;
+    spec.ffn_end = placed.ffn.end;
+    spec.embedding = placed.has_embedding;
+    spec.classifier = placed.has_classifier;
+    spec.vocab_begin = placed.vocab.begin;
+    spec.vocab_end = placed.vocab.end;
+    auto w = model::shard_weights::make(file, spec);
+    REQUIRE(w.ok());
+    auto node = std::make_shared<actors::node_state>();
+    node->index = placed.node;
+    actors::shard_init init;
+    init.index = i;
+    init.stage = placed.stage;
+    init.rank = placed.rank;
+    init.group_size = placed.group_size;
+    init.checkpoint_every = 0;
+    init.weights = w.value();
+    init.backend = be;
+    init.node = node;
+    g.gates.push_back(std::make_shared<actors::compute_gate>());
+    if (arm > 0) g.gates.back()->arm(arm);
+    init.gate = g.gates.back();
+    g.shards.push_back(actors::spawn_shard(sys, std::move(init)));
+  }
+  return g;
+}
+
+}  // namespace
 
 TEST_CASE("a shard answers liveness and step probes while its worker is held mid-step", "[resilience][liveness]") {
   const std::string path = test::shared_file("models/stories260K.bin");
@@ -59,43 +115,10 @@ TEST_CASE("a shard answers liveness and step probes while its worker is held mid
 
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
-  auto plan = topologies::place(file->cfg(), topologies::make_nodes(2, topologies::host_profile()),
-                                topologies::parse_strategy("pipeline:2").value());
-  REQUIRE(plan.ok());
-  REQUIRE(plan->shards.size() == 2);
-  std::vector<std::shared_ptr<actors::compute_gate>> gates;
-  std::vector<caf::actor> shards;
-  for (int i = 0; i < 2; ++i) {
-    const auto& placed = plan->shards[static_cast<size_t>(i)];
-    model::slice_spec spec;
-    spec.layer_begin = placed.layers.begin;
-    spec.layer_end = placed.layers.end;
-    spec.kv_head_begin = placed.kv_heads.begin;
-    spec.kv_head_end = placed.kv_heads.end;
-    spec.ffn_begin = placed.ffn.begin;
-    spec.ffn_end = placed.ffn.end;
-    spec.embedding = placed.has_embedding;
-    spec.classifier = placed.has_classifier;
-    spec.vocab_begin = placed.vocab.begin;
-    spec.vocab_end = placed.vocab.end;
-    auto w = model::shard_weights::make(file, spec);
-    REQUIRE(w.ok());
-    auto node = std::make_shared<actors::node_state>();
-    node->index = placed.node;
-    actors::shard_init init;
-    init.index = i;
-    init.stage = placed.stage;
-    init.rank = placed.rank;
-    init.group_size = placed.group_size;
-    init.checkpoint_every = 0;
-    init.weights = w.value();
-    init.backend = be;
-    init.node = node;
-    gates.push_back(std::make_shared<actors::compute_gate>());
-    gates.back()->arm(1);  // the first job of the step: its layers
-    init.gate = gates.back();
-    shards.push_back(actors::spawn_shard(sys, std::move(init)));
-  }
+  auto gp = spawn_gated_pipeline(sys, file, be, 1);  // the first job of the step: its layers
+  auto& plan = gp.plan;
+  auto& gates = gp.gates;
+  auto& shards = gp.shards;
   const std::vector<int> node_of = {plan->shards[0].node, plan->shards[1].node};
   REQUIRE(node_of == std::vector<int>{0, 1});
   for (int i = 0; i < 2; ++i)
@@ -198,42 +221,10 @@ TEST_CASE("pipeline stages compute steps of two sessions at the same time", "[re
 
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
-  auto plan = topologies::place(file->cfg(), topologies::make_nodes(2, topologies::host_profile()),
-                                topologies::parse_strategy("pipeline:2").value());
-  REQUIRE(plan.ok());
-  REQUIRE(plan->shards.size() == 2);
-  std::vector<std::shared_ptr<actors::compute_gate>> gates;
-  std::vector<caf::actor> shards;
-  for (int i = 0; i < 2; ++i) {
-    const auto& placed = plan->shards[static_cast<size_t>(i)];
-    model::slice_spec spec;
-    spec.layer_begin = placed.layers.begin;
-    spec.layer_end = placed.layers.end;
-    spec.kv_head_begin = placed.kv_heads.begin;
-    spec.kv_head_end = placed.kv_heads.end;
-    spec.ffn_begin = placed.ffn.begin;
-    spec.ffn_end = placed.ffn.end;
-    spec.embedding = placed.has_embedding;
-    spec.classifier = placed.has_classifier;
-    spec.vocab_begin = placed.vocab.begin;
-    spec.vocab_end = placed.vocab.end;
-    auto w = model::shard_weights::make(file, spec);
-    REQUIRE(w.ok());
-    auto node = std::make_shared<actors::node_state>();
-    node->index = placed.node;
-    actors::shard_init init;
-    init.index = i;
-    init.stage = placed.stage;
-    init.rank = placed.rank;
-    init.group_size = placed.group_size;
-    init.checkpoint_every = 0;
-    init.weights = w.value();
-    init.backend = be;
-    init.node = node;
-    gates.push_back(std::make_shared<actors::compute_gate>());
-    init.gate = gates.back();
-    shards.push_back(actors::spawn_shard(sys, std::move(init)));
-  }
+  auto gp = spawn_gated_pipeline(sys, file, be, 0);
+  auto& plan = gp.plan;
+  auto& gates = gp.gates;
+  auto& shards = gp.shards;
   const std::vector<int> node_of = {plan->shards[0].node, plan->shards[1].node};
   for (int i = 0; i < 2; ++i)
     caf::anon_send(shards[static_cast<size_t>(i)], actors::wire_atom::value,
