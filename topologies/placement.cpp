@@ -58,9 +58,40 @@ struct slice {
   range kv, heads, ffn;
 };
 
-std::vector<slice> tp_slices(const model::config& cfg, int t) {
+bool typed(const weight_format& w) { return w.kinds.size() == static_cast<size_t>(weight_format::kinds_count); }
+
+// The block width of matrix kind k in a GGUF file's own types (1 otherwise:
+// --weights quantizes each slice on its own, so any cut is whole blocks).
+int file_block(const weight_format& w, weight_format::matrix_kind k) {
+  return typed(w) ? std::max(w.kinds[static_cast<size_t>(k)].block, 1) : 1;
+}
+
+// The FFN units of a tensor group. split_even, unless w2 keeps a GGUF file's
+// type whose blocks the even split would cut: a rank's w2 columns that do
+// not start and end on block boundaries are held dequantized to f32
+// (model/transformer.cpp, make_typed cols_of), which for q4_K's 256-wide
+// super-blocks is 7x the share in the file's format (4 bytes a weight
+// against 144/256). Then the units are dealt out in whole blocks, split_even
+// over the blocks (768 units of q4_K over 2 ranks: 512 and 256, not 384 and
+// 384), when there are at least as many blocks as ranks; otherwise the even
+// split stays and to_string(placement) says which slices are f32 and why.
+// Files whose even split already falls on block boundaries (F32, F16,
+// Q8_0/Q4_0 at 768 over 2) keep it, and with it their partial sums.
+std::vector<range> ffn_split(const model::config& cfg, int t, const weight_format& w) {
+  std::vector<range> even = split_even(cfg.hidden_dim, t);
+  const int b = file_block(w, weight_format::w2);
+  if (b == 1 || cfg.hidden_dim % b != 0 || cfg.hidden_dim / b < t) return even;
+  bool aligned = true;
+  for (const range& r : even) aligned = aligned && r.begin % b == 0 && r.end % b == 0;
+  if (aligned) return even;
+  std::vector<range> blocks = split_even(cfg.hidden_dim / b, t);
+  for (range& r : blocks) r = range{r.begin * b, r.end * b};
+  return blocks;
+}
+
+std::vector<slice> tp_slices(const model::config& cfg, int t, const weight_format& w) {
   const auto kv = split_even(cfg.n_kv_heads, t);
-  const auto ffn = split_even(cfg.hidden_dim, t);
+  const auto ffn = ffn_split(cfg, t, w);
   std::vector<slice> out;
   for (int r = 0; r < t; ++r) {
     const range k = kv[static_cast<size_t>(r)];
@@ -254,8 +285,17 @@ std::vector<node_spec> make_nodes(int n, const profile& prof, int spares) {
 // ---------------------------------------------------------------------------
 // Memory
 
-memory_need shard_memory(const model::config& cfg, const placement_options& o, int n_layers, int n_heads,
-                         int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows, int routed_experts) {
+namespace {
+
+// shard_memory for a shard whose wo columns start at q_col0 (its first query
+// head x head_size) and whose FFN units start at ffn0: a column slice (wo,
+// w2) of a GGUF file's typed matrix that does not start and end on its
+// type's block boundaries is held as f32 (model/transformer.cpp, make_typed
+// cols_of), so it is counted as dim x its columns x 4 bytes; every other
+// matrix is counted in its format, as before.
+memory_need shard_memory_at(const model::config& cfg, const placement_options& o, int n_layers, int n_heads,
+                            int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows, int routed_experts,
+                            int q_col0, int ffn0) {
   const bool has_classifier = vocab_rows > 0;
   const uint64_t d = static_cast<uint64_t>(cfg.dim);
   const uint64_t hs = static_cast<uint64_t>(cfg.head_size());
@@ -280,13 +320,19 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
                        (sh ? 2 * sh * w.row_bytes(K::w1, d) + d * w.row_bytes(K::w2, sh) + d * f32 : 0)
                  : 0) +
       (cfg.qkv_bias ? (q_rows + 2 * kv_rows) * f32 : 0);  // Q/K/V biases (qwen2, qwen2moe)
+  // [dim x n] columns from c0 of a matrix of kind k (wo, w2).
+  auto columns = [&](K::matrix_kind k, uint64_t c0, uint64_t n) -> uint64_t {
+    const uint64_t b = static_cast<uint64_t>(file_block(w, k));
+    if (c0 % b != 0 || n % b != 0) return d * n * f32;  // held dequantized
+    return d * w.row_bytes(k, n);
+  };
   const uint64_t per_layer = q_rows * w.row_bytes(K::wq, d)     // wq [q_rows x dim]
                              + kv_rows * w.row_bytes(K::wk, d)  // wk [kv_rows x dim]
                              + kv_rows * w.row_bytes(K::wv, d)  // wv [kv_rows x dim]
-                             + d * w.row_bytes(K::wo, q_rows)   // wo [dim x q_rows]
+                             + columns(K::wo, static_cast<uint64_t>(q_col0), q_rows)  // wo [dim x q_rows]
                              + experts * (f * w.row_bytes(K::w1, d)   // w1 [f x dim]
                                           + f * w.row_bytes(K::w3, d)  // w3 [f x dim]
-                                          + d * w.row_bytes(K::w2, f))  // w2 [dim x f]
+                                          + columns(K::w2, static_cast<uint64_t>(ffn0), f))  // w2 [dim x f]
                              + moe_extra + 2 * d * f32;         // rms_att, rms_ffn [dim]
   const uint64_t table = v * w.row_bytes(K::embedding, d);      // [vocab x dim]
   const uint64_t cls_rows = static_cast<uint64_t>(std::max(vocab_rows, 0));
@@ -301,6 +347,14 @@ memory_need shard_memory(const model::config& cfg, const placement_options& o, i
                           cls_rows;
   m.buffers = sessions * floats * f32;
   return m;
+}
+
+}  // namespace
+
+memory_need shard_memory(const model::config& cfg, const placement_options& o, int n_layers, int n_heads,
+                         int n_kv_heads, int ffn_units, bool has_embedding, int vocab_rows, int routed_experts) {
+  return shard_memory_at(cfg, o, n_layers, n_heads, n_kv_heads, ffn_units, has_embedding, vocab_rows,
+                         routed_experts, 0, 0);
 }
 
 memory_need expert_node_memory(const model::config& cfg, const placement_options& o, int n_layers,
@@ -655,7 +709,7 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
                       std::to_string(cfg.hidden_dim) + " FFN hidden units");
   }
   const int P = st.stages, T = st.tp;
-  const std::vector<slice> slices = tp_slices(cfg, T);
+  const std::vector<slice> slices = tp_slices(cfg, T, opt.weights);
   const std::vector<range> vocab_slices = split_even(cfg.vocab_size, T);
   auto node_at = [&](int s, int r) -> const node_spec& { return *avail[static_cast<size_t>(s * T + r)]; };
 
@@ -677,10 +731,11 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
         const slice& sl = slices[static_cast<size_t>(r)];
         const bool emb = first && r == 0;
         const int cls = last ? vocab_slices[static_cast<size_t>(r)].size() : 0;
+        const int q0 = sl.heads.begin * cfg.head_size();
         const memory_need fixed =
-            shard_memory(cfg, opt, 0, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls);
+            shard_memory_at(cfg, opt, 0, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls, -1, q0, sl.ffn.begin);
         const memory_need one =
-            shard_memory(cfg, opt, 1, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls);
+            shard_memory_at(cfg, opt, 1, sl.heads.size(), sl.kv.size(), sl.ffn.size(), emb, cls, -1, q0, sl.ffn.begin);
         const uint64_t per_layer = one.total() - fixed.total();
         const uint64_t b = n.prof.memory_bytes;
         const long long fit =
@@ -727,8 +782,9 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       sh.kv_heads = sl.kv;
       sh.heads = sl.heads;
       sh.ffn = sl.ffn;
-      sh.memory = shard_memory(cfg, opt, sg.layers.size(), sl.heads.size(), sl.kv.size(), sl.ffn.size(),
-                               sh.has_embedding, sh.has_classifier ? sh.vocab.size() : 0);
+      sh.memory = shard_memory_at(cfg, opt, sg.layers.size(), sl.heads.size(), sl.kv.size(), sl.ffn.size(),
+                                  sh.has_embedding, sh.has_classifier ? sh.vocab.size() : 0, -1,
+                                  sl.heads.begin * cfg.head_size(), sl.ffn.begin);
       sg.shards.push_back(sh.index);
       p.shards.push_back(std::move(sh));
     }
@@ -1150,6 +1206,32 @@ std::string to_string(const placement& p) {
                     "- / " + format_bytes(s.budget_bytes)});
   }
   out += table(rows);
+  // Column slices (wo, w2) that a GGUF file's typed matrix cannot give in its
+  // own blocks: those shards hold them dequantized (their memory above counts
+  // 4 bytes a weight); see ffn_split for how the FFN units avoid this.
+  for (const auto k : {weight_format::wo, weight_format::w2}) {
+    const int b = file_block(p.options.weights, k);
+    if (b == 1) continue;
+    const bool wo = k == weight_format::wo;
+    std::string who;
+    for (const shard& s : p.shards) {
+      if (s.expert_node) continue;
+      const int c0 = wo ? s.heads.begin * c.head_size() : s.ffn.begin;
+      const int n = wo ? s.heads.size() * c.head_size() : s.ffn.size();
+      if (c0 % b == 0 && n % b == 0) continue;
+      who += (who.empty() ? "" : ", ") + std::to_string(s.index) + " " + to_string(range{c0, c0 + n});
+    }
+    if (who.empty()) continue;
+    const std::string why =
+        wo ? "a rank's query heads come in whole KV heads of " + std::to_string(c.kv_mul() * c.head_size()) +
+                 " columns (" + std::to_string(c.kv_mul()) + " x head size " + std::to_string(c.head_size()) + ")"
+           : std::to_string(c.hidden_dim) + " FFN units " +
+                 (c.hidden_dim % b != 0 ? "are not a whole number of blocks"
+                                        : "are " + std::to_string(c.hidden_dim / b) + " blocks, fewer than the ranks");
+    out += std::string("note: ") + (wo ? "wo" : "w2") + " is stored in blocks of " + std::to_string(b) +
+           " weights, and these column slices do not start and end on one (" + why +
+           "), so each is held as f32, 4 bytes a weight: placement index " + who + "\n";
+  }
 
   // Exchanges per position, the per-layer all-reduces folded per stage.
   out += "exchanges per position:\n";

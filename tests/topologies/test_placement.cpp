@@ -2,6 +2,9 @@
 // (checked against model::config's own counts and hand-worked q8_0 sizes),
 // the memory-fit error text and the --print-placement table.
 #include "topologies/placement.hpp"
+#include "model/gguf_model.hpp"
+#include "model/transformer.hpp"
+#include "tests/support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -670,4 +673,157 @@ TEST_CASE("programs: scatter_gather reduces, and bytes per rank of 2(T-1)/T of a
   const auto h = must(place(stories260k(), make_nodes(4, host_profile()), {strategy_kind::hybrid, 2, 2}, sg));
   CHECK(to_string(h.shards[2].program[1]) == "reduce layer 3 attention over [2,3] (scatter+gather, rank order)");
   CHECK_THAT(to_string(h), Catch::Contains("reduce-scatter + all-gather, chunks of <= 128 B, 256 B sent by each rank"));
+}
+
+namespace {
+// llama2-small-f32.gguf's shape (../shared/models/gguf/README.md).
+model::config llama2_small() {
+  model::config c;
+  c.dim = 256;
+  c.hidden_dim = 768;
+  c.n_layers = 4;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.vocab_size = 512;
+  c.seq_len = 256;
+  c.shared_classifier = false;  // its own output.weight
+  return c;
+}
+
+// A GGUF file's storage with every matrix of one ggml type: `bytes` per
+// `block` weights (q4_K: 144 per 256; q8_0: 34 per 32).
+weight_format gguf_of(double bytes, int block) {
+  weight_format w = weight_format::f32();
+  w.name = "gguf";
+  w.kinds.assign(weight_format::kinds_count, weight_format::kind_format{bytes / block, block});
+  return w;
+}
+
+model::slice_spec spec_of(const shard& s) {
+  model::slice_spec sp;
+  sp.layer_begin = s.layers.begin;
+  sp.layer_end = s.layers.end;
+  sp.kv_head_begin = s.kv_heads.begin;
+  sp.kv_head_end = s.kv_heads.end;
+  sp.ffn_begin = s.ffn.begin;
+  sp.ffn_end = s.ffn.end;
+  sp.embedding = s.has_embedding;
+  sp.classifier = s.has_classifier;
+  sp.vocab_begin = s.vocab.begin;
+  sp.vocab_end = s.vocab.end;
+  return sp;
+}
+}  // namespace
+
+TEST_CASE("tensor: FFN units of a K-quant file are dealt in whole super-blocks", "[placement][gguf]") {
+  const auto cfg = llama2_small();
+  placement_options o;
+  o.check_memory = false;
+  auto ffn_of = [&](const weight_format& w, int t) {
+    o.weights = w;
+    std::vector<range> out;
+    for (const auto& s : must(place(cfg, make_nodes(t, host_profile()), {strategy_kind::tensor, 1, t}, o)).shards)
+      out.push_back(s.ffn);
+    return out;
+  };
+  const weight_format q4_k = gguf_of(144, 256), q8_0 = gguf_of(34, 32);
+  // 768 units = 3 super-blocks: 2 + 1 instead of 384 + 384 (1.5 each).
+  CHECK(ffn_of(q4_k, 2) == std::vector<range>{{0, 512}, {512, 768}});
+  CHECK(ffn_of(q4_k, 3) == std::vector<range>{{0, 256}, {256, 512}, {512, 768}});
+  // 4 ranks, 3 super-blocks: the even split stays (f32 slices, said below).
+  CHECK(ffn_of(q4_k, 4) == std::vector<range>{{0, 192}, {192, 384}, {384, 576}, {576, 768}});
+  // Splits already on block boundaries, and files without types, are unchanged.
+  CHECK(ffn_of(q8_0, 2) == std::vector<range>{{0, 384}, {384, 768}});
+  CHECK(ffn_of(weight_format::f32(), 2) == std::vector<range>{{0, 384}, {384, 768}});
+  CHECK(ffn_of(weight_format::q4_0(), 3) == std::vector<range>{{0, 256}, {256, 512}, {512, 768}});
+
+  // The memory model counts a column slice off the blocks as f32, and the
+  // placement says which and why. wo: 4 KV heads of 2 x 32 query columns
+  // over 2 ranks are 128 columns each, half a super-block.
+  o.weights = q4_k;
+  const auto p = must(place(cfg, make_nodes(2, host_profile()), {strategy_kind::tensor, 1, 2}, o));
+  const uint64_t d = 256, sb = 144;  // bytes of one q4_K super-block
+  const uint64_t rank0_layer = 128 * sb + 2 * 64 * sb  // wq, wk, wv rows: whole super-blocks
+                               + d * 128 * 4           // wo columns [0,128): f32
+                               + 2 * 512 * sb          // w1, w3: 512 rows
+                               + d * 2 * sb            // w2 columns [0,512): 2 super-blocks a row
+                               + 2 * d * 4;            // norms
+  const uint64_t rank1_layer = 128 * sb + 2 * 64 * sb + d * 128 * 4 + 2 * 256 * sb + d * sb + 2 * d * 4;
+  CHECK(p.shards[0].memory.weights == 4 * rank0_layer + 512 * sb /* embedding */ + d * 4 + 256 * sb);
+  CHECK(p.shards[1].memory.weights == 4 * rank1_layer + d * 4 + 256 * sb);
+  const std::string text = to_string(p);
+  CHECK_THAT(text, Catch::Contains("note: wo is stored in blocks of 256 weights, and these column slices do not "
+                                   "start and end on one (a rank's query heads come in whole KV heads of 64 "
+                                   "columns (2 x head size 32)), so each is held as f32, 4 bytes a weight: "
+                                   "placement index 0 [0,128), 1 [128,256)"));
+  CHECK_THAT(text, !Catch::Contains("note: w2"));
+  o.weights = q4_k;
+  const auto p4 = must(place(cfg, make_nodes(4, host_profile()), {strategy_kind::tensor, 1, 4}, o));
+  CHECK_THAT(to_string(p4), Catch::Contains("note: w2 is stored in blocks of 256 weights") &&
+                                Catch::Contains("768 FFN units are 3 blocks, fewer than the ranks") &&
+                                Catch::Contains("placement index 0 [0,192), 1 [192,384), 2 [384,576), 3 [576,768)"));
+  // A q8_0 file: every slice on its 32-blocks, no note.
+  o.weights = q8_0;
+  CHECK_THAT(to_string(must(place(cfg, make_nodes(2, host_profile()), {strategy_kind::tensor, 1, 2}, o))),
+             !Catch::Contains("note:"));
+}
+
+// The issue's report: llama2-small quantized to q4_K on tensor:2 held 2757 and
+// 2685 KiB per node against 1914 KiB for the whole model, because w2's
+// 384-unit halves cut a 256-wide super-block and were held as f32. Each rank's
+// weights, built from the file, against the file's own tensor sizes.
+TEST_CASE("tensor:2 on a q4_K GGUF: each rank holds its share of the file's tensors", "[placement][gguf]") {
+  const std::string path = test::shared_file("models/gguf/llama2-small-f32.gguf");
+  if (path.empty()) return;
+  auto f32 = model::model_file::open(path);
+  REQUIRE(f32.ok());
+  auto img = model::quantize_gguf(**f32, kernels::dtype::q4_k);
+  REQUIRE(img.ok());
+  auto file = model::model_file::from_bytes(*img, "llama2-small-q4_k.gguf");
+  REQUIRE(file.ok());
+  const model::model_file& q = **file;
+  const auto& cfg = q.cfg();
+  placement_options o;
+  o.weights = weight_format_of(q, weight_format::f32());
+  const auto p = must(place(cfg, make_nodes(2, host_profile()), {strategy_kind::tensor, 1, 2}, o));
+  REQUIRE(p.shards.size() == 2);
+  CHECK(p.shards[0].ffn == range{0, 512});
+  CHECK(p.shards[1].ffn == range{512, 768});
+  auto whole = model::shard_weights::make(*file, model::slice_spec::whole(cfg));
+  REQUIRE(whole.ok());
+  const uint64_t d = static_cast<uint64_t>(cfg.dim);
+  uint64_t sum = 0, ffn_sum = 0, ffn_file = 0;
+  for (const shard& s : p.shards) {
+    auto w = model::shard_weights::make(*file, spec_of(s));
+    REQUIRE(w.ok());
+    // Expected: rows of wq/wk/wv/w1/w3 and w2's columns as their share of the
+    // file's tensor bytes; wo's 128 columns as f32 (see the note above).
+    const uint64_t units = static_cast<uint64_t>(s.ffn.size()), qcols = s.heads.size() * cfg.head_size();
+    uint64_t want = 0, ffn = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const model::typed_layer_view t = q.typed_layer(l);
+      REQUIRE(t.w2.type == kernels::dtype::q4_k);
+      want += t.wq.bytes() * qcols / d + 2 * t.wk.bytes() * s.kv_heads.size() / cfg.n_kv_heads;
+      want += d * qcols * sizeof(float);
+      ffn += (t.w1.bytes() + t.w3.bytes() + t.w2.bytes()) * units / cfg.hidden_dim;
+      ffn_file += s.index == 0 ? t.w1.bytes() + t.w3.bytes() + t.w2.bytes() : 0;
+      want += 2 * d * sizeof(float);  // RMSNorm weights
+    }
+    want += ffn;
+    if (s.has_embedding) want += q.typed_embedding().bytes();
+    want += d * sizeof(float) + q.typed_classifier().bytes() * s.vocab.size() / cfg.vocab_size;
+    INFO("placement index " << s.index << ": " << (*w)->bytes() << " bytes, whole model " << (*whole)->bytes());
+    CHECK((*w)->bytes() == want);
+    CHECK(s.memory.weights == want);  // the placement's account is what the shard holds
+    CHECK((*w)->bytes() < (*whole)->bytes());
+    sum += (*w)->bytes();
+    ffn_sum += ffn;
+  }
+  CHECK(ffn_sum == ffn_file);  // the FFN: exactly the file's bytes, split
+  // The only duplication left: wo as f32 (2 x 4 layers x 256 x 128 x 4 bytes)
+  // instead of its q4_K bytes, and the final norm on both ranks.
+  uint64_t wo_file = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) wo_file += q.typed_layer(l).wo.bytes();
+  CHECK(sum == (*whole)->bytes() - wo_file + cfg.n_layers * d * cfg.dim * sizeof(float) + d * sizeof(float) +
+                   cfg.n_layers * 2 * d * sizeof(float));
 }
