@@ -496,7 +496,8 @@ int do_run(run_opts o) {
       throw cli_error(out->error);
     }
     res = out->result;
-    if (o.batch > 1 && wall_s > 0) res->tokens_per_s = batch_tokens / wall_s;  // aggregate
+    // The aggregate, unless nothing was computed (then no rate either).
+    if (o.batch > 1 && wall_s > 0 && res->tokens_per_s > 0) res->tokens_per_s = batch_tokens / wall_s;
     if (!out->recoveries.empty())
       std::fprintf(stderr, "recovered %zu time(s):", out->recoveries.size());
     for (const auto& r : out->recoveries)
@@ -511,8 +512,21 @@ int do_run(run_opts o) {
     std::fputs("\n", stdout);
     std::fflush(stdout);
   }
-  if (res->ids.size() > 2)
+  // run.c's line, when run.c prints it (pos > 1): positions after the first
+  // over the time from the end of the first forward pass to the end of the
+  // last. When the prompt fills every position (more prompt tokens than -n),
+  // their next tokens are the prompt's and nothing is computed, so there is
+  // no time to divide by; run.c, which computes them one by one anyway,
+  // would time those passes. Say so rather than print a rate of 0.
+  if (res->ids.size() > 2 && res->tokens_per_s > 0) {
     std::fprintf(stderr, "achieved tok/s: %f\n", res->tokens_per_s);
+  } else if (res->ids.size() > 2) {
+    const int positions = static_cast<int>(res->ids.size()) - 1;
+    std::fprintf(stderr,
+                 "tok/s not measured: the prompt's %d tokens fill all %d positions, so no position was "
+                 "computed\n",
+                 res->prompt_tokens, positions);
+  }
 
   if (!o.ids_out.empty()) write_text(o.ids_out, model::format_ids(res->ids));
 

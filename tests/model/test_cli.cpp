@@ -5,6 +5,8 @@
 #include "tests/support.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 
 #include <fstream>
 
@@ -144,6 +146,55 @@ TEST_CASE("run --expect-ids reports the first differing position and exits 3", "
   CHECK(r.status == 3);
   CHECK_THAT(r.err, Catch::Contains("position 17"));
   CHECK_THAT(test::read_file(dir + "/r.json"), Catch::Contains("\"diverged\": true"));
+}
+
+// When the prompt fills every position (more prompt tokens than -n), no
+// position is computed: run prints no rate (it printed "achieved tok/s:
+// 0.000000", a rate of nothing); with one position left to compute after the
+// first it prints run.c's line with a rate above 0.
+TEST_CASE("run: no tok/s when the prompt fills every position and run.c's line otherwise", "[cli]") {
+  if (!test::have_shared()) return;
+  const std::string dir = test::temp_dir("cli-tps");
+  const std::string m = test::shared_file("models/stories260K.bin"), z = test::shared_file("models/tok512.bin");
+  const std::string prompt = "Once upon a time there was a little girl";
+  auto tk = test::run_command({test::cellshard_bin(), "tokenize", "-m", m, "-z", z, "-i", prompt});
+  REQUIRE(tk.status == 0);
+  std::vector<int> prompt_ids;
+  {
+    std::istringstream in(tk.out);
+    for (int id; in >> id;) prompt_ids.push_back(id);
+  }
+  const int n_prompt = static_cast<int>(prompt_ids.size());
+  REQUIRE(n_prompt > 5);
+  const std::vector<std::vector<std::string>> placements = {{}, {"--nodes", "2"}};
+  for (const auto& nodes : placements) {
+    DYNAMIC_SECTION((nodes.empty() ? "one node" : "two in-process nodes")) {
+      auto args = [&](int n, const std::string& ids) {
+        std::vector<std::string> a = {test::cellshard_bin(), "run", "-m", m, "-z", z, "-i", prompt, "-t", "0",
+                                      "-n", std::to_string(n), "--ids-out", ids};
+        a.insert(a.end(), nodes.begin(), nodes.end());
+        return a;
+      };
+      // -n 4: positions 0..3, all of them the prompt's.
+      auto r = test::run_command(args(4, dir + "/n4.ids"));
+      INFO(r.err);
+      REQUIRE(r.status == 0);
+      CHECK(test::read_ids(dir + "/n4.ids") == std::vector<int>(prompt_ids.begin(), prompt_ids.begin() + 5));
+      CHECK_THAT(r.err, !Catch::Contains("achieved tok/s"));
+      CHECK_THAT(r.err, Catch::Contains("tok/s not measured: the prompt's " + std::to_string(n_prompt) +
+                                        " tokens fill all 4 positions, so no position was computed"));
+      // -n = the prompt's length: position 0, then the rest of the prompt in
+      // one prefill, whose last position samples: a rate over those positions.
+      r = test::run_command(args(n_prompt, dir + "/nfull.ids"));
+      INFO(r.err);
+      REQUIRE(r.status == 0);
+      CHECK(test::read_ids(dir + "/nfull.ids").size() == static_cast<size_t>(n_prompt) + 1);
+      const auto at = r.err.rfind("achieved tok/s: ");
+      REQUIRE(at != std::string::npos);
+      CHECK(std::atof(r.err.c_str() + at + 16) > 0);
+      CHECK_THAT(r.err, !Catch::Contains("not measured"));
+    }
+  }
 }
 
 TEST_CASE("run without -m is the demo: the built-in model, a crash and a freeze, identical output",
