@@ -256,7 +256,8 @@ result<std::unique_ptr<cluster>> cluster::start(const cluster_options& opts) {
   auto check_faults = [&]() -> result<void> {
     for (const auto& f : opts.faults)
       if (f.node >= im->plan.shards.size())
-        return make_error("fault '" + supervision::to_string(f) + "': placement index " + std::to_string(f.node) +
+        return make_error(error_code::invalid_argument,
+                          "fault '" + supervision::to_string(f) + "': placement index " + std::to_string(f.node) +
                           " holds no shard (this placement has indices 0.." +
                           std::to_string(im->plan.shards.size() - 1) + "; spares hold none until a shard moves "
                           "there, and a fault follows its placement index, not the node; see --print-placement)");

@@ -26,6 +26,7 @@
 #include "actors/run_report.hpp"
 #include "actors/remote.hpp"
 #include "supervision/fault_plan.hpp"
+#include "tools/cluster_flags.hpp"
 #include "tools/commands.hpp"
 #include "tools/common.hpp"
 #include "tools/sampling_flags.hpp"
@@ -146,7 +147,7 @@ int do_chaos(const chaos_opts& o) {
     actors::cluster_options co = base;
     if (daemons_mode) co.host = make_host();
     auto c = start_cluster(co);
-    if (!c) throw cli_error(c.message());
+    if (!c) throw cli_error(c.message(), exit_status_of(c.code()));
     shards = static_cast<int>((*c)->placement().shards.size());
     auto r = (*c)->generate(gp, {}, deadline);
     if (!r || !r->ok) throw cli_error("fault-free reference run failed: " + (r ? r->error : r.message()));

@@ -256,4 +256,6 @@ actors::cluster_options make_cluster_options(const cluster_flags& o, const loade
   return co;
 }
 
+int exit_status_of(error_code code) { return code == error_code::invalid_argument ? 2 : 1; }
+
 }  // namespace cellshard::tools

@@ -88,4 +88,10 @@ kernels::matmul_mode matmul_of(const cluster_flags& o, const loaded_model& lm);
 /// `sessions` is the number of concurrent sessions the memory check plans for.
 actors::cluster_options make_cluster_options(const cluster_flags& o, const loaded_model& lm, int sessions);
 
+/// The exit status for a cluster that did not start (CLI.md): 2, a usage
+/// error, when the error is error_code::invalid_argument (a --topology this
+/// model or these nodes cannot take, a --fault for a placement index without
+/// a shard), as inspect and plan report the same topology; 1 otherwise.
+int exit_status_of(error_code code);
+
 }  // namespace cellshard::tools

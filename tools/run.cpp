@@ -428,7 +428,7 @@ int do_run(run_opts o) {
     actors::cluster_options co = make_cluster_options(o.cf, lm, o.batch);
     check_fault_steps(co.faults, gp.steps);
     auto c = actors::cluster::start(co);
-    if (!c) throw cli_error(c.message());
+    if (!c) throw cli_error(c.message(), exit_status_of(c.code()));
     // Daemons whose build lacks --kernels (a cross build has no OpenBLAS) say what they run instead.
     if (auto remote = std::dynamic_pointer_cast<actors::remote_host>(co.host))
       for (const auto& note : remote->join_notes(o.cf.kernels)) std::fprintf(stderr, "note: %s\n", note.c_str());

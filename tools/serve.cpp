@@ -91,7 +91,7 @@ int do_serve(serve_opts o) {
   actors::cluster_options co = make_cluster_options(o.cf, lm, o.max_sessions);
   co.fault_injection = o.allow_fault_injection && !daemons;
   auto c = actors::cluster::start(co);
-  if (!c) throw cli_error(c.message());
+  if (!c) throw cli_error(c.message(), exit_status_of(c.code()));
   actors::cluster& cluster = **c;
   if (o.cf.print_placement) std::fprintf(stderr, "%s", topologies::to_string(cluster.placement()).c_str());
 

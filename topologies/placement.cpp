@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 namespace cellshard::topologies {
 
@@ -26,6 +27,11 @@ result<std::vector<range>> split_or_place_anyway(int n, const std::vector<double
   if (split) return split;
   return split_weighted(n, weights, {}, tie_cost);
 }
+
+// A topology this model or these nodes cannot take (or a malformed one):
+// error_code::invalid_argument, which the command line reports as a usage
+// error (exit 2), as it does a flag it cannot parse.
+error invalid(std::string message) { return make_error(error_code::invalid_argument, std::move(message)); }
 
 std::string plural(int n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
@@ -174,7 +180,7 @@ result<strategy> parse_strategy(std::string_view text) {
   if (const auto comma = text.find(','); comma != std::string_view::npos) {
     const std::string_view first = text.substr(0, comma), second = text.substr(comma + 1);
     if (second.substr(0, 7) != "expert:" || (first != "pipeline" && first.substr(0, 9) != "pipeline:"))
-      return make_error(usage + " (only pipeline[:P],expert:E combines two)");
+      return invalid(usage + " (only pipeline[:P],expert:E combines two)");
     auto p = parse_strategy(first);
     auto e = parse_strategy(second);
     if (!p) return p.err();
@@ -191,7 +197,7 @@ result<strategy> parse_strategy(std::string_view text) {
     s.kind = head == "pipeline" ? strategy_kind::pipeline : strategy_kind::tensor;
     if (colon != std::string_view::npos) {
       int n = 0;
-      if (!parse_count(arg, n) || n < 1) return make_error(usage + " (S and T at least 1)");
+      if (!parse_count(arg, n) || n < 1) return invalid(usage + " (S and T at least 1)");
       (s.kind == strategy_kind::pipeline ? s.stages : s.tp) = n;
     }
     (s.kind == strategy_kind::pipeline ? s.tp : s.stages) = 1;
@@ -202,7 +208,7 @@ result<strategy> parse_strategy(std::string_view text) {
     int p = 0, tp = 0;
     if (colon == std::string_view::npos || x == std::string_view::npos || !parse_count(arg.substr(0, x), p) ||
         !parse_count(arg.substr(x + 1), tp) || p < 1 || tp < 1) {
-      return make_error(usage + " (hybrid needs P and T, both at least 1, e.g. hybrid:2x2)");
+      return invalid(usage + " (hybrid needs P and T, both at least 1, e.g. hybrid:2x2)");
     }
     s.kind = strategy_kind::hybrid;
     s.stages = p;
@@ -212,14 +218,14 @@ result<strategy> parse_strategy(std::string_view text) {
   if (head == "expert") {
     int e = 0;
     if (colon == std::string_view::npos || !parse_count(arg, e) || e < 1)
-      return make_error(usage + " (expert needs E, the expert nodes per stage, at least 1: expert:4)");
+      return invalid(usage + " (expert needs E, the expert nodes per stage, at least 1: expert:4)");
     s.kind = strategy_kind::expert;
     s.stages = 1;
     s.tp = 1;
     s.experts = e;
     return s;
   }
-  return make_error(usage);
+  return invalid(usage);
 }
 
 std::string to_string(const strategy& s) {
@@ -448,28 +454,28 @@ result<placement> place_expert(const model::config& cfg, const std::vector<node_
   const int L = cfg.n_layers;
   const std::string name = to_string(st);
   if (!cfg.moe())
-    return make_error("--topology " + name +
-                      ": expert parallelism needs a mixture-of-experts model; this model is dense (0 experts)");
+    return invalid("--topology " + name +
+                   ": expert parallelism needs a mixture-of-experts model; this model is dense (0 experts)");
   const int E = st.experts, R = st.expert_replicas;
-  if (E < 1) return make_error("--topology " + name + ": E (expert nodes per stage) must be at least 1");
+  if (E < 1) return invalid("--topology " + name + ": E (expert nodes per stage) must be at least 1");
   if (E > cfg.n_experts)
-    return make_error("--topology " + name + ": " + plural(E, "expert node", "expert nodes") +
-                      " per stage for a model of " + plural(cfg.n_experts, "expert", "experts") +
-                      " per layer (at most " + std::to_string(cfg.n_experts) + ")");
+    return invalid("--topology " + name + ": " + plural(E, "expert node", "expert nodes") +
+                   " per stage for a model of " + plural(cfg.n_experts, "expert", "experts") +
+                   " per layer (at most " + std::to_string(cfg.n_experts) + ")");
   if (R < 1 || R > E)
-    return make_error("--expert-replicas " + std::to_string(R) + ": expected 1.." + std::to_string(E) +
-                      " (each expert on R distinct expert nodes of its stage; " + name + " has " +
-                      plural(E, "expert node", "expert nodes") + " per stage)");
+    return invalid("--expert-replicas " + std::to_string(R) + ": expected 1.." + std::to_string(E) +
+                   " (each expert on R distinct expert nodes of its stage; " + name + " has " +
+                   plural(E, "expert node", "expert nodes") + " per stage)");
   if (st.stages > L)
-    return make_error(name + ": pipeline of " + plural(st.stages, "stage", "stages") + " exceeds the model's " +
-                      plural(L, "layer", "layers"));
+    return invalid(name + ": pipeline of " + plural(st.stages, "stage", "stages") + " exceeds the model's " +
+                   plural(L, "layer", "layers"));
   if (st.stages <= 0) st.stages = std::max(1, std::min(L, n_avail / (1 + E)));
   const int P = st.stages;
   st.tp = 1;
   if (P * (1 + E) > n_avail)
-    return make_error(name + " needs " + plural(P * (1 + E), "node", "nodes") + " (" +
-                      plural(P, "stage shard", "stage shards") + " + " + std::to_string(P) + " x " +
-                      plural(E, "expert node", "expert nodes") + "), " + std::to_string(n_avail) + " available");
+    return invalid(name + " needs " + plural(P * (1 + E), "node", "nodes") + " (" +
+                   plural(P, "stage shard", "stage shards") + " + " + std::to_string(P) + " x " +
+                   plural(E, "expert node", "expert nodes") + "), " + std::to_string(n_avail) + " available");
   auto node_at = [&](int s, int j) -> const node_spec& { return *avail[static_cast<size_t>(s * (1 + E) + j)]; };
   const int held_max = (cfg.n_experts * R + E - 1) / E;  // the fullest expert node on equal nodes
 
@@ -666,21 +672,21 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
   strategy st = strat;
   const int L = cfg.n_layers, KV = cfg.n_kv_heads;
   auto too_many_stages = [&](int p) {
-    return make_error((st.kind == strategy_kind::hybrid ? to_string(st) + ": " : std::string()) + "pipeline of " +
-                      plural(p, "stage", "stages") + " exceeds the model's " + plural(L, "layer", "layers"));
+    return invalid((st.kind == strategy_kind::hybrid ? to_string(st) + ": " : std::string()) + "pipeline of " +
+                   plural(p, "stage", "stages") + " exceeds the model's " + plural(L, "layer", "layers"));
   };
   auto too_wide = [&](int t) {
-    return make_error((st.kind == strategy_kind::hybrid ? to_string(st) + ": " : std::string()) +
-                      "tensor group of " + std::to_string(t) + " exceeds the model's " +
-                      plural(KV, "KV head", "KV heads"));
+    return invalid((st.kind == strategy_kind::hybrid ? to_string(st) + ": " : std::string()) +
+                   "tensor group of " + std::to_string(t) + " exceeds the model's " +
+                   plural(KV, "KV head", "KV heads"));
   };
   switch (st.kind) {
     case strategy_kind::pipeline:
       st.tp = 1;
       if (st.stages > L) return too_many_stages(st.stages);
       if (st.stages > n_avail) {
-        return make_error("pipeline of " + plural(st.stages, "stage", "stages") + " needs " +
-                          plural(st.stages, "node", "nodes") + ", " + nodes_text);
+        return invalid("pipeline of " + plural(st.stages, "stage", "stages") + " needs " +
+                       plural(st.stages, "node", "nodes") + ", " + nodes_text);
       }
       if (st.stages <= 0) st.stages = std::min(L, n_avail);
       break;
@@ -688,25 +694,25 @@ result<placement> place(const model::config& cfg, const std::vector<node_spec>& 
       st.stages = 1;
       if (st.tp > KV) return too_wide(st.tp);
       if (st.tp > n_avail) {
-        return make_error("tensor group of " + std::to_string(st.tp) + " needs " + plural(st.tp, "node", "nodes") +
-                          ", " + nodes_text);
+        return invalid("tensor group of " + std::to_string(st.tp) + " needs " + plural(st.tp, "node", "nodes") +
+                       ", " + nodes_text);
       }
       if (st.tp <= 0) st.tp = std::min(KV, n_avail);
       break;
     case strategy_kind::hybrid:
-      if (st.stages < 1 || st.tp < 1) return make_error(to_string(st) + ": P and T must be at least 1");
+      if (st.stages < 1 || st.tp < 1) return invalid(to_string(st) + ": P and T must be at least 1");
       if (st.stages > L) return too_many_stages(st.stages);
       if (st.tp > KV) return too_wide(st.tp);
       if (st.stages * st.tp > n_avail) {
-        return make_error(to_string(st) + " needs " + plural(st.stages * st.tp, "node", "nodes") + ", " + nodes_text);
+        return invalid(to_string(st) + " needs " + plural(st.stages * st.tp, "node", "nodes") + ", " + nodes_text);
       }
       break;
     case strategy_kind::expert:  // place_expert
       break;
   }
   if (st.tp > cfg.hidden_dim) {
-    return make_error("tensor group of " + std::to_string(st.tp) + " exceeds the model's " +
-                      std::to_string(cfg.hidden_dim) + " FFN hidden units");
+    return invalid("tensor group of " + std::to_string(st.tp) + " exceeds the model's " +
+                   std::to_string(cfg.hidden_dim) + " FFN hidden units");
   }
   const int P = st.stages, T = st.tp;
   const std::vector<slice> slices = tp_slices(cfg, T, opt.weights);

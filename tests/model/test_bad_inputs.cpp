@@ -80,6 +80,20 @@ TEST_CASE("every bad input of issue #21 exits with a message naming what and wha
         "expected a step below 20"}},
       {"--topology hybrid without PxT", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "4", "--topology", "hybrid"}, 2,
        {"--topology 'hybrid'", "hybrid needs P and T"}},
+      // A topology that parses but that this model or these nodes cannot take, and a
+      // fault for a placement index without a shard: usage errors (2) in run, as
+      // inspect and plan report the same topologies (they exited 1 in run).
+      {"--topology wider than the KV heads", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "8", "--topology",
+                                              "tensor:8"}, 2,
+       {"tensor group of 8 exceeds the model's 4 KV heads"}},
+      {"--topology needing more nodes than --nodes", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "--topology",
+                                                      "hybrid:2x2"}, 2,
+       {"hybrid:2x2 needs 4 nodes, 2 available"}},
+      {"inspect --topology wider than the KV heads", {"inspect", "{M}", "--nodes", "8", "--topology", "tensor:8"}, 2,
+       {"tensor group of 8 exceeds the model's 4 KV heads"}},
+      {"a fault for a placement index without a shard", {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "-n", "8",
+                                                         "--fault", "crash:node=5:step=2"}, 2,
+       {"placement index 5 holds no shard", "indices 0..1"}},
       {"--journal in a folder that does not exist",
        {"run", "-m", "{M}", "-z", "{Z}", "--nodes", "2", "-n", "8", "--journal", "/nonexistent/dir/j"}, 1,
        {"--journal /nonexistent/dir/j", "folder /nonexistent/dir does not exist"}},

@@ -262,7 +262,9 @@ TEST_CASE("tensor: group width, limits and spares", "[placement]") {
   auto r = place(cfg, make_nodes(8, host_profile()), {strategy_kind::tensor, 1, 5});
   REQUIRE_FALSE(r);
   CHECK(r.message() == "tensor group of 5 exceeds the model's 4 KV heads");
+  CHECK(r.code() == error_code::invalid_argument);  // the command line's usage error (exit 2)
   r = place(cfg, make_nodes(2, host_profile()), {strategy_kind::tensor, 1, 3});
+  CHECK(r.code() == error_code::invalid_argument);
   REQUIRE_FALSE(r);
   CHECK(r.message() == "tensor group of 3 needs 3 nodes, 2 available");
 
@@ -412,6 +414,7 @@ TEST_CASE("ps3: what fits in 256 MiB", "[placement]") {
   CHECK(r.message() ==
         "placement pipeline:2 does not fit in memory (2 shards over budget; context 1024 x 1 session, f32 weights):\n  " +
             line0 + "\n  " + line1);
+  CHECK(r.code() != error_code::invalid_argument);  // not a usage error: the nodes lack memory
 
   // The same two PS3s hold it in q8_0.
   placement_options q8;
