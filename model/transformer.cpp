@@ -443,14 +443,22 @@ result<std::shared_ptr<const shard_weights>> shard_weights::make_typed(
       w->bytes_ += m.bytes();
       return m;
     }
-    std::vector<float> out(static_cast<size_t>(t.rows) * n), row(t.cols);
+    // The slice starts on a 64-byte boundary. The native f32 kernels add a
+    // row's columns in an order set by the row's address modulo 64
+    // (kernels/native.cpp, f32_avx2/f32_avx512: a head up to the next
+    // boundary, then aligned loads), and a heap buffer's address modulo 64
+    // changes from run to run: without this, a tensor split of a q6_K file
+    // gave different ids in different runs of the same command.
+    std::vector<float> out(static_cast<size_t>(t.rows) * n + 64 / sizeof(float)), row(t.cols);
+    const size_t skew = (64 - (reinterpret_cast<uintptr_t>(out.data()) & 63)) & 63;
+    float* base = out.data() + skew / sizeof(float);  // malloc: 16-byte aligned at least
     for (int r = 0; r < t.rows; ++r) {
       kernels::dequantize_row(t.type, t.data + static_cast<size_t>(r) * t.row_bytes, row.data(),
                               t.cols);
-      std::memcpy(&out[static_cast<size_t>(r) * n], row.data() + c0, n * sizeof(float));
+      std::memcpy(base + static_cast<size_t>(r) * n, row.data() + c0, n * sizeof(float));
     }
-    w->owned_f32_.push_back(std::move(out));
-    m.f32 = w->owned_f32_.back().data();
+    w->owned_f32_.push_back(std::move(out));  // moving keeps the buffer, so base stays valid
+    m.f32 = base;
     m.ld = n;
     w->bytes_ += m.bytes();
     return m;

@@ -830,3 +830,41 @@ TEST_CASE("tensor:2 on a q4_K GGUF: each rank holds its share of the file's tens
   CHECK(sum == (*whole)->bytes() - wo_file + cfg.n_layers * d * cfg.dim * sizeof(float) + d * sizeof(float) +
                    cfg.n_layers * 2 * d * sizeof(float));
 }
+
+// A column slice off the file's block boundaries is held as f32 in a heap
+// buffer (model/transformer.cpp). The native f32 kernels add a row's columns
+// in an order set by the row's address modulo 64, so that buffer must start
+// on a 64-byte boundary whatever the heap's state: before it did, a q6_K file
+// on tensor:3 gave different greedy ids in different runs of one command.
+TEST_CASE("tensor:3 on a q6_K GGUF: f32 column slices start on 64-byte boundaries", "[placement][gguf]") {
+  const std::string path = test::shared_file("models/gguf/llama2-small-f32.gguf");
+  if (path.empty()) return;
+  auto f32 = model::model_file::open(path);
+  REQUIRE(f32.ok());
+  auto img = model::quantize_gguf(**f32, kernels::dtype::q6_k);
+  REQUIRE(img.ok());
+  auto file = model::model_file::from_bytes(*img, "llama2-small-q6_k.gguf");
+  REQUIRE(file.ok());
+  const auto& cfg = (*file)->cfg();
+  placement_options o;
+  o.weights = weight_format_of(**file, weight_format::f32());
+  const auto p = must(place(cfg, make_nodes(3, host_profile()), {strategy_kind::tensor, 1, 3}, o));
+  REQUIRE(p.shards.size() == 3);
+  int slices = 0;
+  std::vector<std::vector<char>> keep;  // heap blocks of odd sizes between the builds
+  for (int round = 0; round < 4; ++round) {
+    for (const shard& s : p.shards) {
+      keep.emplace_back(static_cast<size_t>(16 * (round + 1) + 16 * s.index));
+      auto w = model::shard_weights::make(*file, spec_of(s));
+      REQUIRE(w.ok());
+      for (int l = 0; l < cfg.n_layers; ++l) {
+        const model::matrix& wo = (*w)->at(l).wo;
+        if (wo.f32 == nullptr) continue;  // held in the file's type
+        INFO("round " << round << ", placement index " << s.index << ", layer " << l);
+        CHECK(reinterpret_cast<std::uintptr_t>(wo.f32) % 64 == 0);
+        ++slices;
+      }
+    }
+  }
+  CHECK(slices == 4 * 3 * cfg.n_layers);  // wo: 128/64/64 of 256 columns, off q6_K's 256-wide blocks
+}
