@@ -149,7 +149,7 @@ bool data_plane::enabled_by_env() {
 
 bool data_plane::lend_by_env() {
   const char* v = std::getenv("CELLSHARD_DATA_PLANE");
-  return v && std::string(v) == "lend";
+  return !(v && std::string(v) == "nolend");
 }
 
 bool data_plane::fused_by_env() {
@@ -245,6 +245,7 @@ data_plane_stats data_plane::stats() const {
   s.frames_dropped = dropped_;
   s.links_failed = failed_;
   s.frames_refused = refused_;
+  s.lends = lends_;
   return s;
 }
 
@@ -749,6 +750,8 @@ bool data_plane::lend() {
     if (lent_ || closing_) return false;
     lent_ = true;
   }
+  if (lends_.fetch_add(1) == 0 && log_)
+    log_("data plane: reading lent to a fused job (a partial sum wakes only the thread that waits for it)");
   std::lock_guard<std::mutex> g(mu_);
   for (const auto& in : inbound_)
     if (!in->dead) post_eventfd(in->wake);

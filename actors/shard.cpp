@@ -461,7 +461,7 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
     kernels::pool::scope use_pool(kpool.get());
     const size_t n = static_cast<size_t>(count) * weights->cfg().dim;
     std::map<int32_t, uint64_t> sent;
-    // CELLSHARD_DATA_PLANE=lend: this thread reads the inbound links itself
+    // Unless CELLSHARD_DATA_PLANE=nolend: this thread reads the inbound links itself
     // while the job runs (one wake-up per partial's arrival instead of a
     // reader thread's and then this one's); otherwise, or while another
     // shard's job holds them, it waits on the router's cv.

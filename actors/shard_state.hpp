@@ -177,7 +177,7 @@ struct fused_router {
   // The node's data plane: a job that borrowed its reading waits in pump(),
   // not on cv; kick() wakes it (set once at the shard's start).
   std::shared_ptr<data_plane> plane;
-  bool lend = false;  // CELLSHARD_DATA_PLANE=lend
+  bool lend = false;  // data_plane::lend_by_env(): unless CELLSHARD_DATA_PLANE=nolend
 
   /// Takes `p` when the fused job of its step waits for it (checksum good,
   /// rank and phase valid); false: the actor handles it as before.

@@ -183,8 +183,8 @@ void add_bench(CLI::App& app, int& status) {
   pb->add_option("--caf-idle", pc->idle, "with --cluster: idle-worker policies of cellshard's processes to compare "
                  "(poll, wake; CELLSHARD_CAF_IDLE)")->delimiter(',')->capture_default_str();
   pb->add_option("--data-plane", pc->data, "with --cluster: where the daemons' partial sums go, to compare "
-                 "(socket, lend: fused jobs that read the sockets themselves, unfused: the sockets without fused "
-                 "jobs, caf; CELLSHARD_DATA_PLANE)")->delimiter(',')->capture_default_str();
+                 "(socket: fused jobs that read the sockets themselves, nolend: fused jobs woken by the reader "
+                 "threads, unfused: the sockets without fused jobs, caf; CELLSHARD_DATA_PLANE)")->delimiter(',')->capture_default_str();
   pb->add_flag("--no-pipeline", *pnopipe, "with --cluster: no cellshard pipeline rows");
   pb->callback([pe, pjson, pc, pcluster, pnopipe, pb, &status] {
     std::vector<bench_row> rows;

@@ -84,6 +84,8 @@ TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "
       ++links;
     CHECK(links >= 3);
     CHECK(log.find("ended (CAF carries") == std::string::npos);
+    // Its fused jobs read the sockets themselves (the default lend).
+    CHECK_THAT(log, Catch::Contains("data plane: reading lent"));
   }
   // The placement printed by the front end names the daemons' node indices.
   const std::string file = c.dir + "/cluster.json";

@@ -1,7 +1,8 @@
 // The data plane (actors/data_plane.hpp): partial sums as raw frames between
 // two planes on loopback, with the blob's checksum and byte-order semantics,
 // a dialler without the key refused, and a link whose peer is gone falling
-// back to CAF (send() false) and asking again.
+// back to CAF (send() false) and asking again; a lent reading (lend/pump)
+// delivering on the borrower's thread.
 #include "actors/data_plane.hpp"
 #include "kernels/backend.hpp"
 
@@ -16,6 +17,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 using namespace cellshard;
 using namespace cellshard::actors;
@@ -189,4 +194,70 @@ TEST_CASE("data plane: a link whose peer is gone sends through CAF again, and is
   CHECK_FALSE((*a)->wait_up(peer, 5000ms));  // the link's thread ended it
   CHECK((*a)->stats().links_failed == 1);
   CHECK((*a)->should_ask(peer));  // asked for again (at most 3 failures per peer)
+}
+
+// The lent reading (data_plane::lend/pump, actors/shard.cpp's fused jobs):
+// while lent, the plane's reader threads leave every frame to the borrower's
+// pump(), which delivers it through the sink on the borrower's own thread; a
+// second borrower is refused; given back, the reader threads deliver again.
+TEST_CASE("data plane: a lent reading delivers frames on the borrower's thread, then the readers again",
+          "[net][data_plane]") {
+  caf::actor_system sys{config()};
+  auto a = data_plane::start("127.0.0.1");
+  auto b = data_plane::start("127.0.0.1");
+  REQUIRE(a);
+  REQUIRE(b);
+  caf::scoped_actor rx{sys};
+  const auto rx_handle = caf::actor_cast<caf::actor>(rx);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<int32_t, std::thread::id>> taken;  // (layer, the thread that delivered it)
+  (*b)->attach(rx_handle, [&](partial_sum& p) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      taken.emplace_back(p.layer, std::this_thread::get_id());
+    }
+    cv.notify_all();
+    return true;
+  });
+  const std::string peer = "node-b";
+  REQUIRE((*a)->should_ask(peer));
+  (*a)->dial(peer, (*b)->endpoint());
+  REQUIRE((*a)->wait_up(peer, 5000ms));
+  auto with_layer = [](int32_t layer) {
+    partial_sum p = sample(48);
+    p.layer = layer;
+    return p;
+  };
+  auto wait_taken = [&](size_t n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, 5s, [&] { return taken.size() >= n; });
+  };
+  const auto me = std::this_thread::get_id();
+
+  REQUIRE((*a)->send(peer, rx_handle.id(), with_layer(0)));
+  REQUIRE(wait_taken(1));  // a reader thread's
+  REQUIRE((*b)->lend());
+  CHECK_FALSE((*b)->lend());  // one borrower at a time
+  for (int32_t layer = 1; layer <= 3; ++layer) REQUIRE((*a)->send(peer, rx_handle.id(), with_layer(layer)));
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (taken.size() >= 4) break;
+    }
+    if (std::chrono::steady_clock::now() >= until) break;
+    (*b)->pump(100ms);
+  }
+  (*b)->give_back();
+  REQUIRE((*a)->send(peer, rx_handle.id(), with_layer(4)));
+  REQUIRE(wait_taken(5));
+  std::lock_guard<std::mutex> g(mu);
+  REQUIRE(taken.size() == 5);
+  for (int32_t i = 0; i < 5; ++i) CHECK(taken[static_cast<size_t>(i)].first == i);  // in order, none lost
+  CHECK(taken[0].second != me);
+  for (size_t i = 1; i <= 3; ++i) CHECK(taken[i].second == me);  // pumped here
+  CHECK(taken[4].second != me);  // the readers again
+  CHECK((*b)->stats().frames_received == 5);
+  CHECK((*b)->stats().lends == 1);
 }
