@@ -157,6 +157,7 @@ def main():
             d.write_cluster(cfile)
             sets.append((name, env, fargs, d, cfile))
         results = {name: {"cpu": [], "sw": [], "fe": [], "tps": []} for name, *_ in variants}
+        spawn_failures = {}
         for rnd in range(o.rounds):
             order = sets if rnd % 2 == 0 else list(reversed(sets))
             for name, env, fargs, d, cfile in order:
@@ -164,9 +165,16 @@ def main():
                 for n in (o.short, o.long):
                     cmd = [o.bin, "run", "-q", "-m", model, "-z", tok, "--cluster", cfile, "-t", "0", "-n", str(n),
                            "--kernels", "native", "--threads", "1", "--topology", o.topology] + o.extra.split() + fargs
-                    c0, s0, f0 = d.cpu(), d.switches(), children_cpu()
-                    rc, _, err = run_front_end(cmd, env, o.deadline)
-                    c1, s1, f1 = d.cpu(), d.switches(), children_cpu()
+                    for attempt in range(3):
+                        c0, s0, f0 = d.cpu(), d.switches(), children_cpu()
+                        rc, _, err = run_front_end(cmd, env, o.deadline)
+                        c1, s1, f1 = d.cpu(), d.switches(), children_cpu()
+                        if rc == 0 or "given up while spawning" not in err:
+                            break
+                        # Seen on this shared host at load 3-6, with and without the lend
+                        # (docs/distributed.md): counted and run again.
+                        spawn_failures[name] = spawn_failures.get(name, 0) + 1
+                        print(f"{name}: a spawn gave up (node suspected silent); again", flush=True)
                     if rc != 0:
                         raise RuntimeError(f"{name}: exit {rc}: {' '.join(cmd)}\n{err[-3000:]}")
                     tps = 0.0
@@ -194,7 +202,7 @@ def main():
             print(f"  {name:12s} CPU ms/token {statistics.median(r['cpu']):6.1f} (rounds "
                   f"{', '.join(f'{x:.1f}' for x in r['cpu'])}), front end {statistics.median(r['fe']):5.2f}, "
                   f"switches/token {statistics.median(r['sw']):6.0f}, tok/s {statistics.median(r['tps']):6.1f}")
-        print(f"load at the end {loadavg()}")
+        print(f"load at the end {loadavg()}; spawns that gave up (run again): {spawn_failures or 'none'}")
     finally:
         for *_, d, _ in sets:
             d.kill()
