@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 
 namespace cellshard::actors {
@@ -15,6 +16,54 @@ double comm_share(double compute_ms, double duration_ms) {
 }
 
 double comm_share(const session_outcome& out) { return comm_share(out.compute_ms, out.result.duration_ms); }
+
+namespace {
+// Tokens after the first that session `t` has at time x, linear between
+// its tokens' times (0 before the first, size - 1 after the last).
+double tokens_by(const std::vector<double>& t, double x) {
+  if (x <= t.front()) return 0;
+  if (x >= t.back()) return static_cast<double>(t.size() - 1);
+  const size_t j = static_cast<size_t>(std::upper_bound(t.begin(), t.end(), x) - t.begin()) - 1;  // t[j] <= x < t[j+1]
+  const double span = t[j + 1] - t[j];
+  return static_cast<double>(j) + (span > 0 ? (x - t[j]) / span : 1.0);
+}
+}  // namespace
+
+double decode_tokens_per_s(const std::vector<std::vector<double>>& token_s) {
+  double a = -std::numeric_limits<double>::infinity(), b = std::numeric_limits<double>::infinity();
+  double lo = b, hi = a, all = 0;
+  int used = 0;
+  for (const auto& t : token_s) {
+    if (t.size() < 2) continue;
+    ++used;
+    a = std::max(a, t.front());
+    b = std::min(b, t.back());
+    lo = std::min(lo, t.front());
+    hi = std::max(hi, t.back());
+    all += static_cast<double>(t.size() - 1);
+  }
+  if (used == 0) return 0;
+  if (b > a) {
+    double n = 0;
+    for (const auto& t : token_s)
+      if (t.size() >= 2) n += tokens_by(t, b) - tokens_by(t, a);
+    return n / (b - a);
+  }
+  return hi > lo ? all / (hi - lo) : 0;
+}
+
+double decode_comm_share(const std::vector<double>& decode_compute_ms,
+                         const std::vector<std::vector<double>>& token_s) {
+  double sum = 0;
+  int used = 0;
+  for (size_t i = 0; i < token_s.size() && i < decode_compute_ms.size(); ++i) {
+    const auto& t = token_s[i];
+    if (t.size() < 2) continue;
+    sum += comm_share(decode_compute_ms[i], (t.back() - t.front()) * 1000.0);
+    ++used;
+  }
+  return used ? sum / used : 0;
+}
 
 std::vector<node_figures> aggregate_nodes(const topologies::placement& plan, const std::vector<shard_stats>& stats,
                                          const std::vector<uint64_t>& node_memory) {

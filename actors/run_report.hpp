@@ -47,6 +47,29 @@ double comm_share(double compute_ms, double duration_ms);
 /// Of a finished session: comm_share(out.compute_ms, out.result.duration_ms).
 double comm_share(const session_outcome& out);
 
+/// Decode-only figures of sessions run together (issue #25: what the
+/// planner predicts, free of the first token's wait and of the prompt's).
+/// token_s[i]: the times (seconds, one clock for all) at which session i's
+/// tokens arrived, in order; the first at the end of its first forward pass
+/// (run.c starts its tokens/s clock there).
+///
+/// Tokens per second: the sessions' tokens after their first, summed over
+/// the common decode window [the latest first token, the earliest last
+/// token] (when every session decodes; a session's count inside it is
+/// interpolated linearly between its tokens' times), divided by that
+/// window. One session: (tokens - 1) / (last - first), run.c's achieved
+/// tok/s. Without a common window (sessions that did not overlap): all the
+/// tokens after the firsts over [earliest first, latest last]. Sessions
+/// with fewer than 2 tokens are left out; 0 when none is left.
+double decode_tokens_per_s(const std::vector<std::vector<double>>& token_s);
+/// Communication share of the decode: per session, comm_share(its kernel
+/// time after the first step (decode_compute_ms[i]), its last - first token
+/// time), the mean over the sessions with 2 or more tokens (0 when none).
+/// The same quantity as the planner's predicted comm share (1 - a
+/// sequence's compute per token / its time per token).
+double decode_comm_share(const std::vector<double>& decode_compute_ms,
+                         const std::vector<std::vector<double>>& token_s);
+
 struct node_figures {
   int index = 0;                // node index (node_spec::index)
   std::string role;             // "stage 0, stage 1 rank 1", "spare", "whole model"

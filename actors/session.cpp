@@ -38,6 +38,7 @@ struct session_state {
   uint64_t probing_seq = 0;            // the step whose probe is out (0: none)
   clock_type::time_point step_sent;
   int64_t compute_ns = 0;
+  int64_t first_step_compute_ns = -1;  // -1: the first step's logits not in yet
   bool done = false;
   // Recovery:
   supervision::checkpoint_store store;  // KV deltas of every shard, off-node
@@ -86,6 +87,7 @@ void finish(session_actor* self, bool ok, std::string error, bool cancelled = fa
   st.out.error = std::move(error);
   st.out.cancelled = cancelled;
   st.out.compute_ms = st.compute_ns / 1e6;
+  st.out.first_step_compute_ms = std::max<int64_t>(0, st.first_step_compute_ns) / 1e6;
   if (st.gen) {  // duration and run.c's tokens/s, then the ids so far
     st.gen->end();
     st.out.result = std::move(st.gen->output());
@@ -465,6 +467,7 @@ caf::behavior session_behavior(session_actor* self, session_spec spec) {
               st.compute_ms_per_position <= 0 ? per : 0.8 * st.compute_ms_per_position + 0.2 * per;
         }
         st.compute_ns += m.compute_ns;
+        if (st.first_step_compute_ns < 0) st.first_step_compute_ns = m.compute_ns;
         if (st.spec.on_logits) st.spec.on_logits(m.id.pos0 + m.id.count - 1, m.logits.data.data());
         st.retries_left = st.spec.max_retries;
         st.gen->complete(m.logits.data.data());  // emits the step's next tokens

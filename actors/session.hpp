@@ -41,6 +41,10 @@ struct session_outcome {
   bool cancelled = false;
   std::string error;                // what failed and where, when !ok
   double compute_ms = 0;            // critical-path kernel time over all steps
+  /// Of which the first step's (position 0 alone: run.c's tokens/s clock
+  /// starts when it ends), so compute_ms - first_step_compute_ms is the
+  /// kernel time of the decode window (sweep's decode_comm_share).
+  double first_step_compute_ms = 0;
   std::vector<recovery_record> recoveries;
   int retries = 0;                  // steps re-sent after their deadline passed and a failed probe
   int extensions = 0;               // deadlines extended because a probe found the step in progress

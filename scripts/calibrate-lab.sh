@@ -16,7 +16,8 @@
 # Writes OUTDIR/lab-raw.csv (every run's sweep row, with the columns `run`
 # (1..R) and `started` (UTC)), OUTDIR/lab-calibration.csv (one row per point:
 # the median of its runs in every measured column, plus runs, tpot_min_ms,
-# tpot_max_ms, spread = max/min TPOT and comm_share_min/max; its first line
+# tpot_max_ms, spread = max/min TPOT and comm_share_min/max (of
+# decode_comm_share: sweep's decode-only columns); its first line
 # "# host: X GB/s, C cores" describes one capped node: the read bandwidth
 # measured here times the CPU share, and how many capped nodes the cores run
 # at once; the other '#' lines name the runs), OUTDIR/lab-spread.txt (the
@@ -40,6 +41,10 @@
 #   CELLSHARD_LAB_NICE    e.g. -10: the daemons (their cgroups' CFS weight too)
 #                         and the sweep front end at that priority (lab.sh --nice:
 #                         what it does and does not protect against)
+#   CELLSHARD_LAB_FIT_ONLY=1  no runs: the fit, the hold-out files and (default
+#                         OUTDIR) the report again from OUTDIR/lab-calibration.csv
+#                         as it is (steps and node counts from its '# runs' line),
+#                         e.g. after a change to the planner's model
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -54,6 +59,7 @@ NODES=${GRID##*,}
 REPEAT=${CELLSHARD_LAB_REPEAT:-1}
 MOE=${CELLSHARD_LAB_MOE:-1}
 NICE=${CELLSHARD_LAB_NICE:-}
+FIT_ONLY=${CELLSHARD_LAB_FIT_ONLY:-0}
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "calibrate-lab.sh: CELLSHARD_LAB_REPEAT must be a positive integer" >&2; exit 2; }
 [ -z "$NICE" ] || [[ $NICE =~ ^-?[0-9]+$ ]] || { echo "calibrate-lab.sh: CELLSHARD_LAB_NICE must be an integer (-20..19)" >&2; exit 2; }
 NICER=()
@@ -63,6 +69,15 @@ if [ -n "$NICE" ]; then NICER=(nice -n "$NICE"); LABNICE=(--nice "$NICE"); fi
 MOE_GRID=$(echo "$GRID" | tr ',' '\n' | awk '$1 >= 2' | paste -sd, -)
 [ -x "$B" ] || { echo "calibrate-lab.sh: no binary at $B (scripts/build.sh)" >&2; exit 1; }
 [ -f "$M/tok512.bin" ] && [ -f "$M/stories260K.bin" ] || { echo "calibrate-lab.sh: no models in $M" >&2; exit 1; }
+CSV="$OUT/lab-calibration.csv"
+if [ "$FIT_ONLY" = 1 ]; then
+  [ -f "$CSV" ] || { echo "calibrate-lab.sh: CELLSHARD_LAB_FIT_ONLY=1: no $CSV to fit" >&2; exit 1; }
+  # The runs' steps and node counts, as the CSV's header names them.
+  STEPS=$(sed -n 's/^# runs .*CELLSHARD_LAB_STEPS=\([0-9]*\).*/\1/p' "$CSV" | head -1)
+  GRID=$(sed -n 's/^# runs .*CELLSHARD_LAB_NODES=\([0-9,]*\).*/\1/p' "$CSV" | head -1)
+  [ -n "$STEPS" ] && [ -n "$GRID" ] || { echo "calibrate-lab.sh: $CSV names no CELLSHARD_LAB_STEPS/NODES" >&2; exit 1; }
+  NODES=${GRID##*,}
+else
 mkdir -p "$OUT"
 : > "$OUT/failed.txt"
 TMP=$(mktemp -d)
@@ -99,7 +114,6 @@ CORES=$(nproc)
 NODE_BW=$(python3 -c "print(round($BW * $CPU / 100, 3))")
 PAR=$((CORES * 100 / CPU))
 
-CSV="$OUT/lab-calibration.csv"
 RAW="$OUT/lab-raw.csv"
 START=$(date -u +%Y-%m-%dT%H:%MZ)
 : > "$TMP/raw.csv"
@@ -173,7 +187,8 @@ lines = []
 for k, rs in points.items():
     med = {c: statistics.median(float(r[c]) for r in rs) for c in num_cols}
     t = [float(r["tpot_ms_p50"]) for r in rs]
-    cs = [float(r["comm_share"]) for r in rs]
+    # the decode's comm share (what the planner predicts) when the sweep wrote it
+    cs = [float(r.get("decode_comm_share") or r["comm_share"]) for r in rs]
     out.writerow([("%.6g" % med[c]) if c in med else rs[0][c] for c in cols] +
                  [len(rs), "%.6g" % min(t), "%.6g" % max(t), "%.4f" % (max(t) / min(t)), "%.4f" % min(cs), "%.4f" % max(cs)])
     lines.append((max(t) / min(t), "%-14s %-11s %2s nodes %-13s batch %-2s runs %d: TPOT %s ms (spread %.2fx), comm share %.2f-%.2f" %
@@ -184,6 +199,7 @@ with open(spread_out, "w") as f:
         f.write(l + "\n")
 PY
 head -5 "$OUT/lab-spread.txt" >&2
+fi  # FIT_ONLY
 
 echo "== fit and held-out validation" >&2
 for rule in every:4 "nodes:$NODES"; do

@@ -1,6 +1,14 @@
 // `cellshard sweep`: a grid of runs (nodes x topology x link x batch) written
 // to DIR/sweep.csv (the columns of CLI.md, then `reduce`: the tensor groups'
-// all-reduce algorithm, --reduce direct,scatter) and drawn as PNG plots with
+// all-reduce algorithm, --reduce direct,scatter; then the decode-only
+// figures the planner predicts (issue #25): `decode_tokens_per_s`, run.c's
+// achieved tok/s (tokens after each session's first over the time from the
+// end of its first forward pass to its last) summed over the batch's common
+// decode window (actors::decode_tokens_per_s), and `decode_comm_share`, 1 -
+// kernel time / time over each session's decode, the mean over the batch
+// (actors::decode_comm_share); `tokens_per_s` stays all tokens over the
+// wall time from the submits, first token and stalls included, and
+// `comm_share` the first session's over its whole run) and drawn as PNG plots with
 // gnuplot: latency, throughput and communication share against node count,
 // one line per topology (and reduce), link and batch. The nodes are in-process, or with
 // --cluster the first N daemons of a cluster file for a point of N nodes
@@ -29,6 +37,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <sys/stat.h>
 
@@ -131,7 +140,7 @@ int do_sweep(const sweep_opts& o) {
   std::ofstream csv(o.out + "/sweep.csv");
   if (!csv) throw cli_error(o.out + "/sweep.csv: cannot write");
   csv << "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,comm_share,"
-         "bytes_per_token,reduce\n";
+         "bytes_per_token,reduce,decode_tokens_per_s,decode_comm_share\n";
   const std::string model_name = lm.file->path().substr(lm.file->path().rfind('/') + 1);
   std::vector<std::string> skipped, failed, series;
   nlohmann::json rows = nlohmann::json::array();  // --json: the CSV's rows
@@ -182,11 +191,26 @@ int do_sweep(const sweep_opts& o) {
             continue;
           }
           const auto wall0 = std::chrono::steady_clock::now();
+          // When each session's tokens arrive (the token callback runs as the
+          // session accepts a step's logits): the decode columns.
+          struct arrivals {
+            std::mutex mu;
+            std::vector<std::vector<double>> s;  // per session, seconds since wall0
+          };
+          auto arr = std::make_shared<arrivals>();
+          arr->s.resize(static_cast<size_t>(batch));
           std::vector<std::shared_ptr<std::promise<actors::session_outcome>>> ps;
           for (int b = 0; b < batch; ++b) {
             auto p = std::make_shared<std::promise<actors::session_outcome>>();
             ps.push_back(p);
-            (*c)->submit(gp, {}, [p](uint64_t, const actors::session_outcome& so) { p->set_value(so); });
+            (*c)->submit(
+                gp,
+                [arr, b, wall0](uint64_t, int, const std::string&) {
+                  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+                  std::lock_guard<std::mutex> g(arr->mu);
+                  arr->s[static_cast<size_t>(b)].push_back(t);
+                },
+                [p](uint64_t, const actors::session_outcome& so) { p->set_value(so); });
           }
           std::vector<actors::session_outcome> outs;
           std::string error;
@@ -215,11 +239,23 @@ int do_sweep(const sweep_opts& o) {
               if (s.link_to[i] >= 0) link_bytes += s.link_bytes[i];  // between nodes only
           const auto& plan = (*c)->placement();
           const double share = actors::comm_share(first);
+          // Decode only (issue #25): run.c's achieved tok/s summed over the
+          // batch's common decode window, and the comm share of the same
+          // window (the planner predicts these: no first token, no prompt).
+          std::vector<std::vector<double>> token_s;
+          {
+            std::lock_guard<std::mutex> g(arr->mu);
+            token_s = arr->s;
+          }
+          std::vector<double> decode_compute;
+          for (auto& so : outs) decode_compute.push_back(so.compute_ms - so.first_step_compute_ms);
+          const double decode_tps = actors::decode_tokens_per_s(token_s);
+          const double decode_share = actors::decode_comm_share(decode_compute, token_s);
           csv << model_name << "," << topo << "," << n << "," << plan.stages.size() << ","
               << plan.stages.front().shards.size() << "," << link << "," << batch << "," << first.result.ttft_ms
               << "," << percentile(first.result.step_ms, 0.5) << "," << percentile(first.result.step_ms, 0.99) << ","
               << tokens / wall << "," << share << "," << static_cast<double>(link_bytes) / std::max(1, tokens)
-              << "," << reduce << "\n";
+              << "," << reduce << "," << decode_tps << "," << decode_share << "\n";
           csv.flush();
           if (!csv) throw cli_error(o.out + "/sweep.csv: write failed: " + std::strerror(errno));
           rows.push_back({{"model", model_name}, {"topology", topo}, {"nodes", n}, {"stages", plan.stages.size()},
@@ -228,7 +264,8 @@ int do_sweep(const sweep_opts& o) {
                           {"tpot_ms_p99", percentile(first.result.step_ms, 0.99)}, {"tokens_per_s", tokens / wall},
                           {"comm_share", share},
                           {"bytes_per_token", static_cast<double>(link_bytes) / std::max(1, tokens)},
-                          {"reduce", reduce}});
+                          {"reduce", reduce}, {"decode_tokens_per_s", decode_tps},
+                          {"decode_comm_share", decode_share}});
         }
       }
   progress(total, total, "done");
@@ -240,8 +277,8 @@ int do_sweep(const sweep_opts& o) {
   }
   if (!o.no_plots) {
     plot(o.out, "latency", "time per output token (median)", "ms", 9, series, true);
-    plot(o.out, "throughput", "tokens per second (aggregate over the batch)", "tokens/s", 11, series, true);
-    plot(o.out, "comm_share", "communication share of the critical path", "fraction", 12, series, false);
+    plot(o.out, "throughput", "decode tokens per second (aggregate over the batch)", "tokens/s", 15, series, true);
+    plot(o.out, "comm_share", "communication share of the decode", "fraction", 16, series, false);
     plot(o.out, "bytes_per_token", "bytes between nodes per token", "bytes", 13, series, false);
   }
   std::fprintf(stderr, "wrote %s/sweep.csv%s\n", o.out.c_str(), o.no_plots ? "" : " and PNG plots");

@@ -4,23 +4,25 @@
 // Input: the CSV `cellshard sweep` writes (CLI.md): a header line naming the
 // columns model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,
 // tpot_ms_p99,tokens_per_s,comm_share,bytes_per_token (in any order; extra
-// columns ignored; lines starting with '#' skipped).
+// columns ignored; lines starting with '#' skipped), and when present
+// decode_tokens_per_s and decode_comm_share (what the validation compares).
 //
 // Model (planner.hpp cost_terms; docs/planner.md "Calibration"): every row
 // is planned as the runtime that measured it steps: one sequence per station
 // step (plan_assumptions::one_sequence_per_step), so a row of batch B takes
 // max(chain, B x the busiest station's CPU) per token. In either regime the
-// time is linear in ten constants:
+// time is linear in eleven constants:
 //   chain = wire_s + throttle_s + compute_s / eff + messages x c_msg
 //           + expert_messages x c_xmsg + syncs x c_sync
 //           + sync_messages x c_rmsg + bytes x c_byte
 //           + transfer_s x transfer_excess
 //   busy  = B x (compute_s / (e x quota) + handled x c_cpu
-//                + sync_handled x c_rcpu + bytes x c_byte)
+//                + sync_handled x c_rcpu + syncs x c_rround + bytes x c_byte)
 // where e = eff at batch 1 and e = eff_b (batch_compute_efficiency) when
 // B > 1 sequences interleave on the station, and c_rcpu is the CPU of a
 // message inside an all-reduce round (c_cpu: hop, session and expert
-// messages).
+// messages) and c_rround (sync_cpu_s) the CPU per round a busy rank takes
+// part in.
 // where the terms come from the layout of the row (its model, nodes,
 // topology, batch, link) on the given hardware. The fit assigns each row its
 // regime, minimises the sum of squared relative errors ((pred - meas) /
@@ -68,6 +70,12 @@ struct sweep_row {
   double tokens_per_s = 0;
   double comm_share = 0;
   double bytes_per_token = 0;
+  /// The decode-only figures (sweep's decode_tokens_per_s and
+  /// decode_comm_share: no first token, no prompt, the batch's common decode
+  /// window); -1 when the CSV lacks them. The validation compares the
+  /// predictions with these when present, else with tokens_per_s and comm_share.
+  double decode_tokens_per_s = -1;
+  double decode_comm_share = -1;
 };
 
 /// Parses the sweep CSV. Required columns: model, topology, nodes,
@@ -85,12 +93,13 @@ struct calibration_point {
   double measured_tpot_ms = 0;
   double predicted_tpot_ms = 0;
   double error = 0;  // (predicted - measured) / measured
-  /// tokens/s: measured (the row; 0 when the CSV lacks it) and predicted.
+  /// tokens/s: measured (the row's decode_tokens_per_s, else its
+  /// tokens_per_s; 0 when the CSV lacks both) and predicted.
   double measured_tokens_per_s = 0;
   double predicted_tokens_per_s = 0;
   double tokens_per_s_error = 0;  // (predicted - measured) / measured; 0 without a measurement
-  /// Communication share: measured (the row) and predicted, 1 - the chain's
-  /// compute time / the chain's time per token (plan_result).
+  /// Communication share: measured (the row's decode_comm_share, else its
+  /// comm_share) and predicted (predicted_comm_share).
   double measured_comm_share = 0;
   double predicted_comm_share = 0;
 };
@@ -106,9 +115,9 @@ struct fitted_constant {
 };
 
 struct calibration {
-  plan_assumptions fitted;  // base with the ten constants replaced
-  std::vector<fitted_constant> constants;  // the ten: efficiency, c_msg, c_sync, c_rmsg, c_byte,
-                                           // transfer excess, c_cpu, c_xmsg, c_rcpu, eff_b
+  plan_assumptions fitted;  // base with the eleven constants replaced
+  std::vector<fitted_constant> constants;  // the eleven: efficiency, c_msg, c_sync, c_rmsg, c_byte,
+                                           // transfer excess, c_cpu, c_xmsg, c_rcpu, eff_b, c_rround
   std::vector<calibration_point> points;
   double max_abs_error = 0;
   double rms_error = 0;

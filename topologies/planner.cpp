@@ -296,7 +296,7 @@ double cost_terms::busy_seconds(const plan_assumptions& a) const {
                                                                    : 1.0;
   const double q = quota > 0 && quota < 1 ? quota : 1.0;
   const double cpu = compute_s / (eff * q) + handled * a.message_cpu_s + sync_handled * a.sync_message_cpu_s +
-                     bytes * a.byte_overhead_s;
+                     syncs * a.sync_cpu_s + bytes * a.byte_overhead_s;
   // One sequence per step (the runtime): the station interleaves the steps of
   // its sessions, so one session's waits (latency, transfers, all-reduce
   // rounds) overlap another's work and only the CPU bounds its throughput.

@@ -129,6 +129,13 @@ struct plan_assumptions {
   /// all messages over-predicts it by 41%). Calibrated from batch > 1 rows of
   /// TP groups; a calibration without such rows sets it to message_cpu_s.
   double sync_message_cpu_s = 0;
+  /// CPU a busy rank spends per all-reduce round it takes part in, besides
+  /// its messages' (issue #25): the hand-off that wakes the rank's step for
+  /// the round's partials, paid once per round whatever the group's width.
+  /// With sync_message_cpu_s it makes a round of T-1 messages cost c_r +
+  /// 2(T-1) x c_rcpu, so the CPU per message falls with the width. Calibrated
+  /// from batch > 1 rows of TP groups of two or more widths; 0 without them.
+  double sync_cpu_s = 0;
   /// Fraction of the node's full rate a station's compute reaches while it
   /// interleaves the steps of several sequences (a request of batch > 1;
   /// busy_seconds of cost_terms with `concurrent`), in place of
@@ -223,7 +230,7 @@ struct cost_terms {
   /// A busy station's step (throughput): compute at the sustained rate
   /// (compute_s / (eff x quota), eff = batch_compute_efficiency when
   /// `concurrent` and it is set) + handled x message_cpu_s + sync_handled x
-  /// sync_message_cpu_s + bytes x byte_overhead, plus (unless
+  /// sync_message_cpu_s + syncs x sync_cpu_s + bytes x byte_overhead, plus (unless
   /// one_sequence_per_step: the runtime interleaves its sessions' steps, so
   /// their waits overlap) the rest of seconds(): latency, transfers, rounds.
   double busy_seconds(const plan_assumptions& a) const;

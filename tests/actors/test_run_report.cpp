@@ -59,6 +59,31 @@ TEST_CASE("comm share: 1 - compute / duration, clamped, 0 without a duration", "
   CHECK(actors::comm_share(out) == Approx(0.75));
 }
 
+TEST_CASE("decode tokens/s: tokens after the first over the common decode window", "[run_report]") {
+  // One session: run.c's achieved tok/s, (tokens - 1) / (last - first).
+  CHECK(actors::decode_tokens_per_s({{1.0, 1.1, 1.2, 1.3}}) == Approx(10.0));
+  // Two interleaved sessions at 5 tokens/s each: the window [0.1, 0.8]
+  // holds 3.5 tokens of each (interpolated), 10 tokens/s together, where
+  // the span from the first token to the last would give 8 / 0.9.
+  CHECK(actors::decode_tokens_per_s({{0.0, 0.2, 0.4, 0.6, 0.8}, {0.1, 0.3, 0.5, 0.7, 0.9}}) == Approx(10.0));
+  // A stall before a session's first token is outside the window.
+  CHECK(actors::decode_tokens_per_s({{0.0, 0.1, 0.2, 0.3, 0.4}, {0.35, 0.45, 0.55}}) == Approx(20.0));
+  // Sessions that never overlap: all their tokens after the firsts over
+  // [earliest first, latest last].
+  CHECK(actors::decode_tokens_per_s({{0.0, 0.5, 1.0}, {2.0, 2.5, 3.0}}) == Approx(4.0 / 3.0));
+  // A session with one token has no decode: left out; none left: 0.
+  CHECK(actors::decode_tokens_per_s({{5.0}, {0.0, 0.5, 1.0}}) == Approx(2.0));
+  CHECK(actors::decode_tokens_per_s({{5.0}, {}}) == 0);
+  CHECK(actors::decode_tokens_per_s({}) == 0);
+}
+
+TEST_CASE("decode comm share: 1 - decode kernel time / decode window, the mean over sessions", "[run_report]") {
+  // 4 ms of kernels in 20 ms (0.8), 10 ms in 40 ms (0.75); the third session has no decode.
+  CHECK(actors::decode_comm_share({4.0, 10.0, 1.0}, {{0.0, 0.01, 0.02}, {0.0, 0.02, 0.04}, {0.5}}) == Approx(0.775));
+  CHECK(actors::decode_comm_share({50.0}, {{0.0, 0.02}}) == 0);  // clamped as comm_share
+  CHECK(actors::decode_comm_share({}, {}) == 0);
+}
+
 TEST_CASE("nodes: the shards of a node summed, roles joined, idle spares listed", "[run_report]") {
   const auto plan = plan_of_three();
   // Node 3's spare hosts shard 1 now (moved there after a fault).

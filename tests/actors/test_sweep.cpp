@@ -23,11 +23,11 @@ TEST_CASE("a small sweep writes the CSV and the plots", "[sweep]") {
   std::string header, line;
   std::getline(csv, header);
   CHECK(header == "model,topology,nodes,stages,tp,link,batch,ttft_ms,tpot_ms_p50,tpot_ms_p99,tokens_per_s,"
-                  "comm_share,bytes_per_token,reduce");
+                  "comm_share,bytes_per_token,reduce,decode_tokens_per_s,decode_comm_share");
   int rows = 0;
   while (std::getline(csv, line)) {
     ++rows;
-    CHECK(std::count(line.begin(), line.end(), ',') == 13);
+    CHECK(std::count(line.begin(), line.end(), ',') == 15);
   }
   // 8 points; pipeline:8 (5 layers) and tensor:8 (4 KV heads) cannot be made.
   CHECK(rows == 6);
@@ -60,7 +60,7 @@ TEST_CASE("gguf: a sweep over stories260K.gguf", "[sweep][gguf]") {
     ++rows;
     INFO(line);
     CHECK_THAT(line, Catch::StartsWith("stories260K.gguf,"));
-    CHECK(std::count(line.begin(), line.end(), ',') == 13);
+    CHECK(std::count(line.begin(), line.end(), ',') == 15);
   }
   CHECK(rows == 4);
 }
@@ -140,7 +140,7 @@ TEST_CASE("sweep --cluster: the first N daemons for a point of N nodes", "[sweep
     std::vector<std::string> cols;
     std::istringstream ls(line);
     for (std::string c; std::getline(ls, c, ',');) cols.push_back(c);
-    REQUIRE(cols.size() == 14u);
+    REQUIRE(cols.size() == 16u);
     rows.push_back(cols);
   }
   REQUIRE(rows.size() == 6u);
@@ -160,6 +160,10 @@ TEST_CASE("sweep --cluster: the first N daemons for a point of N nodes", "[sweep
     CHECK(rows[i][5] == "1gbit:50us");
     CHECK(std::stod(rows[i][8]) > 0);  // tpot_ms_p50
     CHECK(rows[i][12] == want_bytes[i]);
+    // The decode columns: tokens after the first over the decode window, a share.
+    CHECK(std::stod(rows[i][14]) > 0);
+    CHECK(std::stod(rows[i][15]) >= 0);
+    CHECK(std::stod(rows[i][15]) <= 1);
   }
 
   // Errors: more nodes than the file lists; --link, which shapes in-process

@@ -89,6 +89,7 @@ plan_assumptions synthetic_truth(const plan_request& base) {
   truth.message_cpu_s = 3e-6;
   truth.sync_message_cpu_s = 2e-6;
   truth.batch_compute_efficiency = 0.45;
+  truth.sync_cpu_s = 1e-6;
   return truth;
 }
 
@@ -115,6 +116,34 @@ TEST_CASE("sweep CSV: header-named columns, errors by line and column", "[planne
   auto no_col = parse_sweep_csv("model,topology,nodes\n", "s.csv");
   REQUIRE_FALSE(no_col);
   CHECK(no_col.message().find("tpot_ms_p50") != std::string::npos);
+
+  // Without the decode columns they are -1 (not measured).
+  CHECK((*rows)[0].decode_tokens_per_s == -1);
+  CHECK((*rows)[0].decode_comm_share == -1);
+  // With them (sweep since issue #25), the validation compares with them.
+  auto dec = parse_sweep_csv(std::string("model,topology,nodes,batch,tpot_ms_p50,tokens_per_s,comm_share,"
+                                         "decode_tokens_per_s,decode_comm_share\n"
+                                         "stories260k,pipeline,1,1,0.08,3.5,0.9,12500,0.25\n"
+                                         "stories260k,pipeline,2,1,0.07,3.6,0.9,,\n"
+                                         "stories260k,pipeline,3,1,0.06,3.7,0.9,16000,0.4\n"),
+                             "d.csv");
+  REQUIRE(dec);
+  CHECK((*dec)[0].tokens_per_s == 3.5);
+  CHECK((*dec)[0].decode_tokens_per_s == 12500);
+  CHECK((*dec)[0].decode_comm_share == 0.25);
+  CHECK((*dec)[1].decode_tokens_per_s == -1);  // empty cells: not measured
+  auto v = validate(*dec, host_base(), preset_resolver(nullptr), *parse_holdout("last:1"));
+  REQUIRE(v);
+  REQUIRE(v->held_out.size() == 1u);
+  CHECK(v->held_out[0].measured_tokens_per_s == 16000);
+  CHECK(v->held_out[0].measured_comm_share == 0.4);
+  CHECK(v->held_out[0].tokens_per_s_error ==
+        Approx((v->held_out[0].predicted_tokens_per_s - 16000) / 16000));
+  // A row without them falls back to tokens_per_s and comm_share.
+  auto fit = calibrate(*dec, host_base(), preset_resolver(nullptr));
+  REQUIRE(fit);
+  CHECK(fit->points[1].measured_tokens_per_s == 3.6);
+  CHECK(fit->points[1].measured_comm_share == 0.9);
 
   // The resolver maps file names to presets.
   auto res = preset_resolver(nullptr);
@@ -210,12 +239,13 @@ TEST_CASE("calibration recovers the constants a synthetic sweep was made with", 
   CHECK(c->fitted.message_cpu_s == Approx(truth.message_cpu_s).epsilon(1e-6));
   CHECK(c->fitted.sync_message_cpu_s == Approx(truth.sync_message_cpu_s).epsilon(1e-6));
   CHECK(c->fitted.batch_compute_efficiency == Approx(truth.batch_compute_efficiency).epsilon(1e-6));
+  CHECK(c->fitted.sync_cpu_s == Approx(truth.sync_cpu_s).epsilon(1e-5));
   CHECK(c->max_abs_error < 1e-6);
   REQUIRE(static_cast<int>(c->points.size()) == expected_points);
   // Every constant names its source rows: the per-hop cost the chain rows,
   // the message CPU the batch rows (in process, lines 29-37), the transfer
   // excess only rows over shaped links.
-  REQUIRE(c->constants.size() == 10);
+  REQUIRE(c->constants.size() == 11);
   for (const auto& k : c->constants) {
     INFO(k.name);
     if (k.name == "expert_message_overhead_s") {  // no expert placement in the sweep: a hop message's cost
@@ -248,7 +278,7 @@ TEST_CASE("calibration recovers the constants a synthetic sweep was made with", 
   REQUIRE(one > 0);
   CHECK(four > 4 * one);
   CHECK(four <= 4 * one * truth.compute_efficiency / truth.batch_compute_efficiency);
-  CHECK(c->free.size() == 9);
+  CHECK(c->free.size() == 10);
 }
 
 TEST_CASE("a CPU quota: a step runs at full speed until the period's quota is spent", "[planner][calibrate]") {
@@ -280,6 +310,7 @@ TEST_CASE("calibration under a CPU quota recovers the constants of a synthetic l
   truth.transfer_excess = 0.5;
   truth.message_cpu_s = 300e-6;
   truth.sync_message_cpu_s = 150e-6;
+  truth.sync_cpu_s = 100e-6;
   truth.batch_compute_efficiency = 0.45;
   int points = 0;
   auto rows = parse_sweep_csv(synthetic_sweep(base, truth, points, "stories110m", true), "lab.csv");
@@ -295,12 +326,13 @@ TEST_CASE("calibration under a CPU quota recovers the constants of a synthetic l
   CHECK(c->fitted.message_cpu_s == Approx(truth.message_cpu_s).epsilon(1e-4));
   CHECK(c->fitted.sync_message_cpu_s == Approx(truth.sync_message_cpu_s).epsilon(1e-4));
   CHECK(c->fitted.batch_compute_efficiency == Approx(truth.batch_compute_efficiency).epsilon(1e-4));
+  CHECK(c->fitted.sync_cpu_s == Approx(truth.sync_cpu_s).epsilon(1e-4));
   CHECK(c->max_abs_error < 1e-5);
-  // Each of the two new constants has its own source rows: the all-reduce
-  // message CPU busy TP rows of batch 8 only, the batch efficiency busy rows
-  // of batch 8 only (lines 14-25: the batch-8 half of the grid).
+  // The busy-station constants have their own source rows: the all-reduce
+  // message and round CPU busy TP rows of batch 8 only, the batch efficiency
+  // busy rows of batch 8 only (lines 14-25: the batch-8 half of the grid).
   for (const auto& k : c->constants) {
-    if (k.name != "sync_message_cpu_s" && k.name != "batch_compute_efficiency") continue;
+    if (k.name != "sync_message_cpu_s" && k.name != "batch_compute_efficiency" && k.name != "sync_cpu_s") continue;
     INFO(k.name);
     CHECK(k.fitted);
     CHECK(k.chain_rows == 0);
