@@ -70,6 +70,7 @@ MOE_GRID=$(echo "$GRID" | tr ',' '\n' | awk '$1 >= 2' | paste -sd, -)
 [ -x "$B" ] || { echo "calibrate-lab.sh: no binary at $B (scripts/build.sh)" >&2; exit 1; }
 [ -f "$M/tok512.bin" ] && [ -f "$M/stories260K.bin" ] || { echo "calibrate-lab.sh: no models in $M" >&2; exit 1; }
 CSV="$OUT/lab-calibration.csv"
+RAW="$OUT/lab-raw.csv"
 if [ "$FIT_ONLY" = 1 ]; then
   [ -f "$CSV" ] || { echo "calibrate-lab.sh: CELLSHARD_LAB_FIT_ONLY=1: no $CSV to fit" >&2; exit 1; }
   # The runs' steps and node counts, as the CSV's header names them.
@@ -114,7 +115,6 @@ CORES=$(nproc)
 NODE_BW=$(python3 -c "print(round($BW * $CPU / 100, 3))")
 PAR=$((CORES * 100 / CPU))
 
-RAW="$OUT/lab-raw.csv"
 START=$(date -u +%Y-%m-%dT%H:%MZ)
 : > "$TMP/raw.csv"
 : > "$TMP/links.txt"
