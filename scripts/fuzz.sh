@@ -16,19 +16,18 @@ dir=build-asan
 mkdir -p "$dir/fuzz-artifacts"
 export ASAN_OPTIONS=abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-fail=0
-for exe in "$dir"/fuzz/fuzz_*; do
-  [ -x "$exe" ] || continue
+# fuzz_one EXE: the target's regressions, then SECONDS of fuzzing; prints one line (more on failure).
+fuzz_one() {
+  local exe=$1 name work seeds=() t0 runs rc=0
   name=$(basename "$exe"); name=${name#fuzz_}
   work="$dir/fuzz-corpus/$name"
   mkdir -p "$work"
-  seeds=()
   [ -d "fuzz/corpus/$name" ] && seeds+=("fuzz/corpus/$name")
   # Regressions first: every input that once crashed must pass.
   if [ -d "fuzz/regressions/$name" ] && [ -n "$(ls -A "fuzz/regressions/$name")" ]; then
     if ! "$exe" -runs=0 "fuzz/regressions/$name"/* >"$dir/fuzz-artifacts/$name.regressions.log" 2>&1; then
       echo "fuzz: $name: a regression input fails again (log: $dir/fuzz-artifacts/$name.regressions.log)"
-      fail=1
+      rc=1
     fi
   fi
   t0=$(date +%s)
@@ -39,7 +38,35 @@ for exe in "$dir"/fuzz/fuzz_*; do
   else
     echo "fuzz: $name FAILED (log: $dir/fuzz-artifacts/$name.log):"
     grep -E 'ERROR|SUMMARY|FUZZ_CHECK|Test unit written' "$dir/fuzz-artifacts/$name.log" | head -5
-    fail=1
+    rc=1
   fi
+  return $rc
+}
+# FUZZ_JOBS=N (scripts/ci.sh: the number of cores): N targets at a time, each
+# one process on one core; each target's lines are printed in the targets'
+# order once all have ended.
+jobs=${FUZZ_JOBS:-1}
+out=$(mktemp -d)
+fail=0
+running=0
+i=0
+exes=()
+for exe in "$dir"/fuzz/fuzz_*; do
+  [ -x "$exe" ] && exes+=("$exe")
 done
+for exe in "${exes[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || fail=1
+    running=$((running - 1))
+  fi
+  fuzz_one "$exe" > "$out/$i" 2>&1 &
+  running=$((running + 1))
+  i=$((i + 1))
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || fail=1
+  running=$((running - 1))
+done
+for ((k = 0; k < i; k++)); do cat "$out/$k"; done
+rm -rf "$out"
 exit $fail
