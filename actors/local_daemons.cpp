@@ -134,6 +134,19 @@ result<void> local_daemons::launch(int i) {
     ::close(out[0]);
     return make_error(who + ": fork: " + std::strerror(fork_errno));
   }
+  if (opts_.cpu_percent > 0) {
+    // Into its cgroup at once (before it starts its threads: all of them are capped).
+    auto c = p.cap.dir().empty()
+                 ? p.cap.create("cellshard-" + std::to_string(::getpid()) + "-d" + std::to_string(i), opts_.cpu_percent)
+                 : result<void>{};
+    if (c) c = p.cap.add(pid);
+    if (!c) {
+      ::kill(pid, SIGKILL);
+      reap_within(pid, std::chrono::milliseconds(5000), nullptr);
+      ::close(out[0]);
+      return make_error(who + ": " + c.message());
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     p.pid = pid;

@@ -31,6 +31,7 @@
 #pragma once
 
 #include "actors/remote.hpp"
+#include "base/cgroup.hpp"
 #include "model/result.hpp"
 
 #include <chrono>
@@ -55,6 +56,10 @@ struct local_daemon_options {
   std::vector<std::string> extra_args; // appended to the node command line
   std::string log_dir;                 // "" = a temporary folder, removed at the end
   std::chrono::milliseconds start_deadline{20000};  // per daemon, until `listening`
+  /// > 0: each daemon runs in a cgroup of its own capped at this % of one
+  /// core (base/cgroup.hpp; needs root), the way a weak node's compute is
+  /// capped (issue #25, scripts/lab.sh --cpu). 0: no cap.
+  double cpu_percent = 0;
 };
 
 /// The folder to pass as `--models`: the model file's folder, which must also
@@ -119,6 +124,7 @@ private:
     bool killed = false;   // by signal(SIGKILL) or stop_one
     std::string ended;     // how it ended, when reap() found it ended by itself
     std::string err_path;
+    cpu_cap cap;           // with local_daemon_options::cpu_percent
   };
   local_daemons() = default;
   result<void> launch(int i);

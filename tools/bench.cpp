@@ -136,6 +136,10 @@ void add_bench(CLI::App& app, int& status) {
       ->capture_default_str();
   flb->add_option("--rounds", fl->rounds, "pairs of phases (fault-free, with failures); the ratio is their "
                   "median")->capture_default_str();
+  flb->add_option("--cpu", fl->cpu_percent,
+                  "cap each daemon at PCT% of one core (a cgroup of its own, as scripts/lab.sh --cpu; needs "
+                  "root), so that a killed daemon frees no CPU for the others (default: no cap)")
+      ->check(CLI::Range(0.0, 10000.0));
   flb->add_option("--out", fl->out, "folder for the daemons' logs, the model and failures.json")
       ->capture_default_str();
   flb->add_option("--json", *fljson, "rows as JSON to FILE (- = stdout)");

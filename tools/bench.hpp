@@ -118,6 +118,7 @@ struct failures_bench_options {
   int rounds = 3;          // (fault-free, with failures) pairs; killed daemons restarted between rounds
   int deadline_s = 60;     // for the sessions still running at the end of a phase
   std::string out = "bench-failures";
+  double cpu_percent = 0;  // > 0: each daemon capped at this % of one core (a cgroup; needs root)
 };
 
 int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& rows);

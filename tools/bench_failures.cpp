@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -240,7 +241,10 @@ int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& 
   actors::local_daemon_options lo;
   lo.models_dir = *models_dir;
   lo.log_dir = o.out + "/daemons";
-  std::fprintf(stderr, "starting %d + %d node daemons (logs in %s)\n", o.nodes, spares, lo.log_dir.c_str());
+  lo.cpu_percent = o.cpu_percent;
+  std::fprintf(stderr, "starting %d + %d node daemons (logs in %s)", o.nodes, spares, lo.log_dir.c_str());
+  if (o.cpu_percent > 0) std::fprintf(stderr, ", each capped at %.0f%% of a core", o.cpu_percent);
+  std::fprintf(stderr, "\n");
   auto daemons = actors::local_daemons::start(o.nodes, spares, lo);
   if (!daemons) throw cli_error(daemons.message());
   auto& d = **daemons;
@@ -311,6 +315,29 @@ int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& 
   r.assume.checkpoint_every = o.checkpoint_every;
   r.assume.reload_over_link = false;  // the daemons hold the model file
   r.assume.one_sequence_per_step = true;
+  // The plan at the measured fault-free speed: the host preset's node rates
+  // (memory bandwidth, FLOP/s) scaled until its tokens/s is the daemons'
+  // (within 1%, at most 12 rounds), so that the replay it charges per failure
+  // (half a checkpoint interval of the busiest node's steps) is in the
+  // daemons' time, not in an uncalibrated host's. The ratios compared below
+  // do not depend on it; the downtime does.
+  double speed_scale = 1;
+  for (int i = 0; i < 12 && free_goodput > 0; ++i) {
+    auto p = topologies::plan(r);
+    if (!p) throw cli_error("plan: " + p.message());
+    if (!(p->tokens_per_s > 0)) break;
+    const double k = p->tokens_per_s / free_goodput;
+    if (std::abs(k - 1) < 0.01) break;
+    r.hw.node.mem_bandwidth_gbs /= k;
+    r.hw.node.gflops /= k;
+    speed_scale /= k;
+  }
+  {
+    auto p = topologies::plan(r);
+    if (!p) throw cli_error("plan: " + p.message());
+    std::fprintf(stderr, "plan at the measured speed: node rates x %.3g of the host preset's, %.1f tok/s (measured %.1f)\n",
+                 speed_scale, p->tokens_per_s, free_goodput);
+  }
   auto sim_ratio = [&](double detect_s, double& downtime_per_failure) -> double {
     topologies::plan_request q = r;
     if (detect_s >= 0) q.assume.detect_s = detect_s;
@@ -347,7 +374,8 @@ int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& 
                                                {"daemons", std::to_string(o.nodes) + "+" + std::to_string(spares)},
                                                {"signal", o.signal},
                                                {"every_s", std::to_string(o.every_s)},
-                                               {"batch", std::to_string(o.batch)}};
+                                               {"batch", std::to_string(o.batch)},
+                                               {"cpu_percent", std::to_string(o.cpu_percent)}};
   auto row = [&](const std::string& name, double v, const std::string& unit, double base, const std::string& bname) {
     bench_row b;
     b.name = name;
@@ -391,6 +419,25 @@ int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& 
                "measured detection)\n",
                o.rounds, measured_ratio, ratio_default, ratio_measured, failures_seen, measured_detect,
                r.assume.detect_s * 1e3, measured_stall, measured_excess, down_default * 1e3, down_measured * 1e3);
+  // Issue #25's goals, measured against simulated: goodput within 20%;
+  // detection and downtime within 20% or 50 ms. The detection is checked
+  // against the planner's detect_s, which models a machine that falls silent
+  // (--signal stop); a killed process on a live host is found from its
+  // dropped connection, which the planner does not model.
+  auto within = [](double measured, double simulated, double abs_ms) {
+    return std::abs(measured - simulated) <= std::max(0.2 * std::abs(simulated), abs_ms);
+  };
+  const bool goodput_ok = ratio_measured > 0 && std::abs(measured_ratio / ratio_measured - 1) <= 0.2;
+  const bool down_ok = within(measured_excess, down_measured * 1e3, 50);
+  std::fprintf(stderr, "goal goodput within 20%%: %s (%+.1f%%)\n", goodput_ok ? "met" : "NOT met",
+               ratio_measured > 0 ? 100 * (measured_ratio / ratio_measured - 1) : 0.0);
+  std::fprintf(stderr, "goal downtime within 20%% or 50 ms: %s (%+.1f ms)\n", down_ok ? "met" : "NOT met",
+               measured_excess - down_measured * 1e3);
+  if (o.signal == "stop") {
+    const bool detect_ok = within(measured_detect, r.assume.detect_s * 1e3, 50);
+    std::fprintf(stderr, "goal detection within 20%% or 50 ms of detect_s: %s (%+.1f ms)\n",
+                 detect_ok ? "met" : "NOT met", measured_detect - r.assume.detect_s * 1e3);
+  }
   return status;
 }
 

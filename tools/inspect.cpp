@@ -216,24 +216,25 @@ int do_inspect(const inspect_opts& o) {
     j["placement"] = nullptr;
   }
 
-  // Human-readable summary.
-  std::printf("file: %s\nformat: %s\narchitecture: %s\ndigest: %s\n", o.model.c_str(),
+  // Human-readable summary: on stderr when the JSON goes to stdout (--json -).
+  std::FILE* out = o.json == "-" ? stderr : stdout;
+  std::fprintf(out, "file: %s\nformat: %s\narchitecture: %s\ndigest: %s\n", o.model.c_str(),
               j["format"].get<std::string>().c_str(), j["architecture"].get<std::string>().c_str(),
               j["digest"].get<std::string>().c_str());
   if (mf) {
     const auto& c = mf->cfg();
-    std::printf("shape: dim %d, hidden %d, %d layers, %d heads, %d kv heads, vocab %d, context %d, %s classifier, "
+    std::fprintf(out, "shape: dim %d, hidden %d, %d layers, %d heads, %d kv heads, vocab %d, context %d, %s classifier, "
                 "%llu parameters\n",
                 c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len,
                 c.shared_classifier ? "shared" : "separate", static_cast<unsigned long long>(c.total_params()));
     if (c.moe())
-      std::printf("experts: %d per layer, %d used per token, expert hidden %d%s%s, %llu active parameters\n",
+      std::fprintf(out, "experts: %d per layer, %d used per token, expert hidden %d%s%s, %llu active parameters\n",
                   c.n_experts, c.n_experts_used, c.hidden_dim,
                   c.shared_hidden ? (", shared expert hidden " + std::to_string(c.shared_hidden)).c_str() : "",
                   c.norm_topk ? ", top-k weights renormalised" : ", top-k weights not renormalised",
                   static_cast<unsigned long long>(j["config"]["active_params"].get<uint64_t>()));
   } else {
-    std::printf("shape: none (no tensors: a vocabulary-only file)\n");
+    std::fprintf(out, "shape: none (no tensors: a vocabulary-only file)\n");
   }
   uint64_t total = 0;
   std::map<std::string, std::pair<int, uint64_t>> types;
@@ -243,31 +244,31 @@ int do_inspect(const inspect_opts& o) {
     e.first += 1;
     e.second += t["bytes"].get<uint64_t>();
   }
-  std::printf("tensors: %zu, %s", j["tensors"].size(), mib(total).c_str());
-  for (const auto& [ty, e] : types) std::printf("; %s: %d (%s)", ty.c_str(), e.first, mib(e.second).c_str());
-  std::printf("\n");
+  std::fprintf(out, "tensors: %zu, %s", j["tensors"].size(), mib(total).c_str());
+  for (const auto& [ty, e] : types) std::fprintf(out, "; %s: %d (%s)", ty.c_str(), e.first, mib(e.second).c_str());
+  std::fprintf(out, "\n");
   for (const auto& t : j["tensors"]) {
     std::string shape;
     for (const auto& n : t["shape"]) shape += (shape.empty() ? "" : ", ") + std::to_string(n.get<uint64_t>());
-    std::printf("  %-28s %-6s [%s] %llu bytes\n", t["name"].get<std::string>().c_str(),
+    std::fprintf(out, "  %-28s %-6s [%s] %llu bytes\n", t["name"].get<std::string>().c_str(),
                 t["type"].get<std::string>().c_str(), shape.c_str(),
                 static_cast<unsigned long long>(t["bytes"].get<uint64_t>()));
   }
   if (tok)
-    std::printf("tokenizer: %s, %d tokens, BOS %d%s, EOS %d (%s)\n", tok->kind_name().c_str(), tok->vocab_size(),
+    std::fprintf(out, "tokenizer: %s, %d tokens, BOS %d%s, EOS %d (%s)\n", tok->kind_name().c_str(), tok->vocab_size(),
                 tok->bos(), tok->adds_bos() ? " (added)" : "", tok->eos(), tok->name().c_str());
   else
-    std::printf("tokenizer: none found (give -z)\n");
+    std::fprintf(out, "tokenizer: none found (give -z)\n");
   if (mf) {
     const auto& pl = j["placement"];
-    std::printf("memory on %d %s node(s), %s, %s weights, context %d:\n", o.nodes, pl["profile"].get<std::string>().c_str(),
+    std::fprintf(out, "memory on %d %s node(s), %s, %s weights, context %d:\n", o.nodes, pl["profile"].get<std::string>().c_str(),
                 pl["topology"].get<std::string>().c_str(), weights.c_str(), pl["context"].get<int>());
     for (const auto& n : pl["per_node"])
-      std::printf("  node %d (stage %d rank %d, layers [%d,%d)): %s of %s: %s\n", n["node"].get<int>(),
+      std::fprintf(out, "  node %d (stage %d rank %d, layers [%d,%d)): %s of %s: %s\n", n["node"].get<int>(),
                   n["stage"].get<int>(), n["rank"].get<int>(), n["layers"][0].get<int>(), n["layers"][1].get<int>(),
                   mib(n["memory_bytes"].get<uint64_t>()).c_str(), mib(n["budget_bytes"].get<uint64_t>()).c_str(),
                   n["fits"].get<bool>() ? "fits" : "DOES NOT FIT");
-    std::printf("fits: %s\n", pl["fits"].get<bool>() ? "yes" : "no");
+    std::fprintf(out, "fits: %s\n", pl["fits"].get<bool>() ? "yes" : "no");
   }
   if (!o.json.empty()) write_text(o.json, j.dump(2) + "\n");
   return 0;

@@ -85,8 +85,23 @@ hardware_spec load_hardware(const std::string& what, bool measure_host) {
   return *h;
 }
 
+/// A file given as --model: Hugging Face config.json text (it starts with
+/// '{'), else a model file the runtime runs (GGUF, llama2.c, CSQ8), whose
+/// shape and tensor types the plan then uses.
+result<model_spec> spec_from_path(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[256] = {};
+  in.read(head, sizeof head);
+  const std::string start(head, static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  const size_t first = start.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && start[first] == '{') return spec_from_hf_json(read_text(path), path);
+  return spec_from_model_file(path);
+}
+
 model_spec load_model(const plan_opts& o) {
-  result<model_spec> m = is_file(o.model) ? spec_from_hf_json(read_text(o.model), o.model) : find_model_preset(o.model);
+  // A preset's name wins over a file of that name in the working folder.
+  const bool file = is_file(o.model) || (!find_model_preset(o.model) && std::ifstream(o.model).good());
+  result<model_spec> m = file ? spec_from_path(o.model) : find_model_preset(o.model);
   if (!m) throw cli_error("--model: " + m.message(), 2);
   auto w = with_weight_format(*m, o.weights);
   if (!w) throw cli_error(w.message(), 2);
@@ -664,7 +679,8 @@ void add_plan(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand("plan", "the bottleneck checklist and the at-scale simulation");
   cmd->add_option("-m,--model", o->model,
                   "model preset (stories260k, stories15m, stories42m, stories110m, llama2-7b, llama3-8b, "
-                  "llama3-70b, kimi-k2, kimi-k3) or a Hugging Face config.json")
+                  "llama3-70b, kimi-k2, kimi-k3), a Hugging Face config.json, or a model file (GGUF, llama2.c .bin: "
+                  "its shape and tensor types)")
       ->required();
   cmd->add_option("--hardware", o->hardware, "ps3, ps3-slim, rpi5, host, h100-8x, h200-8x, or a hw.json")
       ->capture_default_str();

@@ -2,9 +2,14 @@
 // the presets and the config.json reader.
 #include "topologies/model_presets.hpp"
 
+#include "model/checkpoint.hpp"
+#include "model/gguf.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 #include <cctype>
 #include <cmath>
 
@@ -326,6 +331,70 @@ model_spec spec_from_config(const model::config& cfg, std::string name) {
   model_spec m = stories(std::move(name), cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                          cfg.vocab_size, cfg.seq_len, "llama2.c header");
   m.shared_classifier = cfg.shared_classifier;
+  return m;
+}
+
+result<model_spec> spec_from_model_file(const std::string& path) {
+  auto f = model::model_file::open(path);
+  if (!f) return f.err();
+  const model::model_file& mf = **f;
+  const model::config& c = mf.cfg();
+  model_spec m = spec_from_config(c, path);
+  std::string notes;
+  if (c.moe()) {
+    m.ffn_hidden = 0;
+    m.n_experts = c.n_experts;
+    m.n_active_experts = c.n_experts_used;
+    m.expert_ffn = c.hidden_dim;
+    m.n_shared_experts = c.shared_hidden > 0 ? 1 : 0;
+    m.n_dense_layers = 0;
+    if (c.shared_hidden > 0 && c.shared_hidden != c.hidden_dim)
+      notes += "; its shared expert (" + std::to_string(c.shared_hidden) + " wide) counted at the routed width " +
+               std::to_string(c.hidden_dim);
+  }
+  if (c.qkv_bias) notes += "; Q/K/V biases not counted";
+  if (const model::gguf::file* g = mf.gguf()) {
+    double other_bytes = 0, other_elems = 0, expert_bytes_sum = 0, expert_elems = 0;
+    std::map<std::string, double> by_type;  // bytes of each ggml type
+    for (const auto& t : g->tensors()) {
+      const bool expert = t.name.find("_exps") != std::string::npos;
+      (expert ? expert_bytes_sum : other_bytes) += static_cast<double>(t.bytes);
+      (expert ? expert_elems : other_elems) += static_cast<double>(t.elements());
+      by_type[model::gguf::ggml_type_name(t.type)] += static_cast<double>(t.bytes);
+    }
+    if (other_elems > 0) m.weight_bytes = other_bytes / other_elems;
+    m.expert_weight_bytes = expert_elems > 0 ? expert_bytes_sum / expert_elems : m.weight_bytes;
+    // "GGUF Q4_K 71% + Q6_K 21% + F32 8% of bytes", largest first.
+    std::vector<std::pair<double, std::string>> types;
+    double all = 0;
+    for (const auto& [name, b] : by_type) {
+      types.emplace_back(b, name);
+      all += b;
+    }
+    std::sort(types.rbegin(), types.rend());
+    m.format = "GGUF";
+    for (size_t i = 0; i < types.size(); ++i) {
+      char pct[32];
+      const double share = all > 0 ? 100 * types[i].first / all : 0.0;
+      std::snprintf(pct, sizeof pct, share < 1 ? " %.2g%%" : " %.0f%%", share);
+      m.format += (i ? " + " : " ") + types[i].second + pct;
+    }
+    m.format += " of bytes";
+    char avg[64];
+    std::snprintf(avg, sizeof avg, "; %.2f bits per weight", 8 * m.weight_bytes);
+    m.source = path + " (GGUF " + c.arch + " metadata and tensor types" + avg + notes + ")";
+  } else {
+    if (mf.quantized()) {
+      // CSQ8: every matrix in ggml Q8_0 blocks, norms f32; as one average over the weights.
+      const double norms = static_cast<double>(c.n_layers) * 2 * c.dim + c.dim;
+      const double all = total_params(m);
+      m.weight_bytes = ((all - norms) * 34.0 / 32.0 + norms * 4) / all;
+      m.expert_weight_bytes = m.weight_bytes;
+      m.format = "q8_0";
+    }
+    m.source = path + " (llama2.c header" + std::string(mf.quantized() ? ", CSQ8 q8_0" : ", f32") + notes + ")";
+  }
+  m.name = path;
   return m;
 }
 

@@ -150,6 +150,22 @@ result<model_spec> find_model_preset(std::string_view name);
 /// model::config counts (total_params(spec) == cfg.total_params()).
 model_spec spec_from_config(const model::config& cfg, std::string name);
 
+/// A spec from a model file the runtime runs (`plan -m FILE`): a GGUF file
+/// (llama, qwen2, qwen2moe) or a llama2.c / CSQ8 .bin, opened as `run` opens
+/// it (model::model_file::open: mapped, nothing computed). The shape is the
+/// file's config (spec_from_config; MoE: its experts, experts per token, expert
+/// width, one shared expert when it has one, every layer MoE). The formats
+/// are the file's own: weight_bytes = bytes / weights of every tensor that
+/// is not a routed expert (names with `_exps`), expert_weight_bytes the same
+/// over the routed experts' tensors, so weight_bytes_total(spec) equals the
+/// file's tensor bytes when its tensors are the ones the spec counts (a
+/// mixed-type file: its average, per class); llama2.c f32: 4 bytes, CSQ8:
+/// 34/32 for the matrices. Approximations, named in `source`: a qwen2moe
+/// shared expert of another width than the routed ones is counted at the
+/// routed width; Q/K/V biases are not counted (dim + 2 kv_dim per layer).
+/// Errors: the loader's, naming the file and field.
+result<model_spec> spec_from_model_file(const std::string& path);
+
 /// A spec from Hugging Face config.json text. Keys: hidden_size,
 /// intermediate_size, num_hidden_layers, num_attention_heads,
 /// num_key_value_heads, vocab_size, head_dim, max_position_embeddings,

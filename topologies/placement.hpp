@@ -20,8 +20,13 @@
 //   for every layer, a slice of the KV heads [kv0,kv1), the matching query
 //   heads [kv0*kv_mul, kv1*kv_mul) (wq, wk, wv by rows, wo by columns) and a
 //   slice of the FFN hidden units [f0,f1) (w1, w3 by rows, w2 by columns),
-//   split with split_even() (4 KV heads over 3 -> 2,1,1; 172 units -> 58,57,57).
-//   T = min(kv heads, nodes) unless given ("tensor:T").
+//   split with split_even() (4 KV heads over 3 -> 2,1,1; 172 units -> 58,57,57),
+//   except when w2 keeps a GGUF file's block type that the even split would
+//   cut and there are at least as many blocks as ranks: then the FFN units
+//   are dealt in whole blocks of w2's type (768 q4_K units, 3 super-blocks of
+//   256, over 2 -> 512,256), so no rank holds its w2 columns dequantized to
+//   f32 (placement.cpp ffn_split). T = min(kv heads, nodes) unless given
+//   ("tensor:T").
 // - hybrid:PxT: P pipeline stages, each a TP group of T shards; layers split
 //   as for pipeline, with weight = the smallest budget in the group and
 //   capacity = the layers every rank of the group can hold.

@@ -2,11 +2,14 @@
 // parent's, even without close-on-exec), gets SIGKILL when the thread that
 // started it ends, and an exec failure is exit status 127. Real processes;
 // every wait is on the child's own output or end, with no timing.
+#include "base/cgroup.hpp"
 #include "base/spawn.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <csignal>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -173,4 +176,66 @@ TEST_CASE("read_listening_line: each way of not listening is its own error", "[s
       CHECK(r.message() == "its first line '" + bad.substr(0, bad.size() - 1) + "' is not 'listening HOST:PORT'");
     }
   }
+}
+
+// base/cgroup.hpp: a busy child in a cgroup capped at 10% of a core is
+// throttled by the kernel (the cgroup's cpu.stat counts throttled periods);
+// the quota file holds 1000 us per 10,000 us. Needs root and a cgroup CPU
+// controller: skipped with a message otherwise (CI runs as root).
+TEST_CASE("cpu_cap: a child in a capped cgroup is throttled", "[spawn][cgroup]") {
+  cpu_cap cap;
+  const std::string name = "cellshard-test-" + std::to_string(::getpid());
+  auto made = cap.create(name, 10.0);
+  if (!made) {
+    if (::geteuid() != 0) {
+      WARN("skipped: " << made.message());
+      return;
+    }
+    FAIL(made.message());
+  }
+  const bool v2 = cap.dir().rfind("/sys/fs/cgroup/cpu/", 0) != 0;
+  auto read_text = [](const std::string& path) {
+    std::string s;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return s;
+    s = read_all(fd);
+    ::close(fd);
+    return s;
+  };
+  if (v2)
+    CHECK(read_text(cap.dir() + "/cpu.max") == "1000 10000\n");
+  else
+    CHECK(read_text(cap.dir() + "/cpu.cfs_quota_us") == "1000\n");
+  const pid_t pid = spawn_child({"/bin/sh", "-c", "while :; do :; done"}, -1, -1, -1);
+  REQUIRE(pid > 0);
+  auto added = cap.add(pid);
+  CHECK(added);
+  // The kernel throttles it within a few 10 ms periods; bounded at 20 s.
+  uint64_t throttled = 0;
+  for (int i = 0; i < 2000 && added && throttled == 0; ++i) {
+    const std::string stat = read_text(cap.dir() + "/cpu.stat");
+    const auto at = stat.find("nr_throttled ");
+    if (at != std::string::npos) throttled = std::stoull(stat.substr(at + 13));
+    if (throttled == 0) ::usleep(10000);
+  }
+  CHECK(throttled > 0);
+  CHECK(read_text(cap.dir() + "/cgroup.procs").find(std::to_string(pid)) != std::string::npos);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  // Empty now: remove() takes the group away.
+  const std::string dir = cap.dir();
+  cap.remove();
+  struct stat sb;
+  CHECK(::stat(dir.c_str(), &sb) != 0);
+}
+
+TEST_CASE("cpu_cap: a share that is not one is refused, naming it", "[spawn][cgroup]") {
+  cpu_cap cap;
+  for (double bad : {0.0, -5.0, 20000.0}) {
+    auto r = cap.create("cellshard-bad", bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.message().find("expected 0 < PCT <= 10000") != std::string::npos);
+  }
+  CHECK(cap.dir().empty());
 }

@@ -242,7 +242,7 @@ TEST_CASE("a daemon whose --cache-max cannot hold its slice says so and is not u
   shipping_daemons d("net-ship-room", {{}, tiny, {}, tiny});
   const auto p = d.ports();
   const std::string cluster =
-      test::write_cluster_entries(d.dir + "/cluster.json", {{p[0]}, {p[1]}, {p[2]}, {p[3], true}});
+      test::write_cluster_entries(d.dir + "/cluster.json", {{p[0], false, {}}, {p[1], false, {}}, {p[2], false, {}}, {p[3], true, {}}});
   const auto f = fixture("greedy_bos_n200");
   const std::string json = d.dir + "/run.json";
   auto r = test::run_command(fixture_run(f, cluster, json), 120);

@@ -1,11 +1,15 @@
 // Tests of the planner's presets and its six checks (topologies/planner.hpp)
 // against numbers computed here by hand from the architectures and the
 // HARDWARE.md figures, and against the runtime's own placement.
+#include "model/checkpoint.hpp"
 #include "model/config.hpp"
+#include "model/gguf.hpp"
 #include "topologies/model_presets.hpp"
 #include "topologies/placement.hpp"
 #include "topologies/plan_hardware.hpp"
 #include "topologies/planner.hpp"
+
+#include "tests/support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -361,4 +365,53 @@ TEST_CASE("limits: topologies beyond the model or the nodes are errors", "[plann
   const plan_result t = run(request("stories260k", "ps3", 8, "tensor"));  // 4 used, 4 spare
   CHECK(t.layout.topology.tp == 4);
   CHECK(t.layout.spare_nodes == 4);
+}
+
+// spec_from_model_file (`plan -m FILE`): the shape of the file's config, and
+// bytes per weight from its tensors, so the spec's stored bytes are the
+// file's tensor bytes; independent count: the GGUF tensors' own byte sizes.
+TEST_CASE("planner: a GGUF or llama2.c file gives its shape and its tensor bytes", "[planner][gguf]") {
+  struct file_case {
+    const char* rel;
+    bool moe;
+  };
+  for (const file_case fc : {file_case{"models/gguf/llama2-small-f32.gguf", false},
+                             file_case{"models/gguf/llama2-small-q8_0.gguf", false},
+                             file_case{"models/gguf/stories260K-f16.gguf", false},
+                             file_case{"models/gguf/moe-small-f32.gguf", true}}) {
+    const std::string path = cellshard::test::shared_file(fc.rel);
+    if (path.empty()) return;
+    INFO(path);
+    auto spec = spec_from_model_file(path);
+    REQUIRE(spec);
+    auto mf = cellshard::model::model_file::open(path);
+    REQUIRE(mf);
+    const auto& c = (*mf)->cfg();
+    CHECK(spec->dim == c.dim);
+    CHECK(spec->n_layers == c.n_layers);
+    CHECK(spec->n_kv_heads == c.n_kv_heads);
+    CHECK(spec->vocab == c.vocab_size);
+    CHECK(spec->is_moe() == fc.moe);
+    double bytes = 0, elems = 0;
+    for (const auto& t : (*mf)->gguf()->tensors()) {
+      bytes += static_cast<double>(t.bytes);
+      elems += static_cast<double>(t.elements());
+    }
+    CHECK(total_params(*spec) == Approx(elems).epsilon(1e-9));
+    CHECK(weight_bytes_total(*spec) == Approx(bytes).epsilon(1e-9));
+    CHECK(spec->format.rfind("GGUF ", 0) == 0);
+  }
+  // llama2.c f32: 4 bytes a weight, the header's count.
+  const std::string bin = cellshard::test::shared_file("models/stories260K.bin");
+  if (bin.empty()) return;
+  auto spec = spec_from_model_file(bin);
+  REQUIRE(spec);
+  auto mf = cellshard::model::model_file::open(bin);
+  REQUIRE(mf);
+  CHECK(spec->weight_bytes == 4);
+  CHECK(total_params(*spec) == Approx(static_cast<double>((*mf)->cfg().total_params())).epsilon(1e-12));
+  // Not a model: the loader's error names the file.
+  auto bad = spec_from_model_file(cellshard::test::shared_file("models/gguf/gguf-small-reference-ids.json"));
+  REQUIRE_FALSE(bad);
+  CHECK(bad.message().find("gguf-small-reference-ids.json") != std::string::npos);
 }

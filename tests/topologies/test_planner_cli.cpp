@@ -142,3 +142,21 @@ TEST_CASE("cellshard plan: usage errors exit 2 naming the flag", "[planner][cli]
   auto no_nodes = run_command({cellshard_bin(), "plan", "--model", "stories260k"});
   CHECK(no_nodes.status == 2);
 }
+
+TEST_CASE("cellshard plan -m FILE.gguf: the file's shape and bytes", "[planner][cli][gguf]") {
+  const std::string path = cellshard::test::shared_file("models/gguf/llama2-small-q8_0.gguf");
+  if (path.empty()) return;
+  auto r = run_command({cellshard_bin(), "plan", "--model", path, "--hardware", "ps3", "--nodes", "2",
+                        "--baseline", "none", "--json", "-"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  // Its tensors' bytes, from the GGUF header as `inspect --json` lists them.
+  auto ins = run_command({cellshard_bin(), "inspect", path, "--json", "-"});
+  INFO(ins.err);
+  REQUIRE(ins.status == 0);
+  auto ij = nlohmann::json::parse(ins.out);
+  double bytes = 0;
+  for (const auto& t : ij["tensors"]) bytes += t["bytes"].get<double>();
+  CHECK(j["model_bytes"].get<double>() == Approx(bytes).epsilon(1e-9));
+}
