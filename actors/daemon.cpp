@@ -688,6 +688,11 @@ caf::behavior daemon_behavior(daemon_actor* self, daemon_options opts) {
         hc.monitor = h.monitor;
         hc.peer = h.peer;
         hc.interval = std::chrono::milliseconds(h.interval_ms);
+        // Its own thread: heartbeats and probe answers go on while this
+        // actor's thread reads a slice (acquire_and_spawn), even with
+        // --caf-threads 1, where a scheduled sender starved and the front end
+        // gave the spawn up on a node "suspected silent".
+        hc.detached = true;
         r.sender = supervision::spawn_heartbeat_sender(self->system(), hc);
         cl->second.heartbeats.push_back(r.sender);
         log(self, "heartbeats every " + std::to_string(h.interval_ms) + " ms as node " + std::to_string(h.peer));

@@ -122,6 +122,7 @@ caf::behavior heartbeat_sender(caf::event_based_actor* self, heartbeat_sender_co
 }
 
 caf::actor spawn_heartbeat_sender(caf::actor_system& sys, heartbeat_sender_config cfg) {
+  if (cfg.detached) return sys.spawn<caf::detached>(heartbeat_sender, std::move(cfg));
   return sys.spawn(heartbeat_sender, std::move(cfg));
 }
 

@@ -58,6 +58,13 @@ struct heartbeat_sender_config {
   caf::actor monitor;                  ///< may be remote
   std::uint64_t peer = 0;              ///< our id in the monitor
   caf::timespan interval = std::chrono::milliseconds(100);
+  /// true: the sender runs on a thread of its own (caf::detached), so
+  /// heartbeats and probe answers (hb_probe) keep coming while every thread
+  /// of the scheduler is busy or blocked, e.g. a node daemon reading a
+  /// slice's weights on its only CAF thread (docs/distributed.md, "The spawn
+  /// that gave up"). One thread per sender: meant for one per process (node
+  /// daemons); in-process clusters keep the default, false (scheduled).
+  bool detached = false;
 };
 
 /// The sender's behaviour, for spawning with other options or from an actor.

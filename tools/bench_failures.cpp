@@ -267,7 +267,7 @@ int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& 
     std::fprintf(stderr, "      %llu tokens, %.1f tok/s, %d requests (%d failed)\n",
                  static_cast<unsigned long long>(free.tokens), free.goodput, free.requests_done,
                  free.requests_failed);
-    std::fprintf(stderr, "[round %d/%d] with a %s every %.0f s\n", round, o.rounds,
+    std::fprintf(stderr, "[round %d/%d] with a %s every %.3g s\n", round, o.rounds,
                  o.signal == "stop" ? "SIGSTOP" : "SIGKILL", o.every_s);
     const phase_result fail = run_phase(d, lm, o, true);
     std::fprintf(stderr, "      %llu tokens, %.1f tok/s, %d requests (%d failed)\n",

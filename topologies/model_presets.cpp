@@ -324,7 +324,7 @@ result<model_spec> find_model_preset(std::string_view name_in) {
   std::string valid;
   for (const auto& n : model_preset_names()) valid += (valid.empty() ? "" : ", ") + n;
   return make_error("unknown model preset '" + std::string(name_in) + "' (expected one of: " + valid +
-                    ", or a config.json)");
+                    ", or the path of a config.json or model file)");
 }
 
 model_spec spec_from_config(const model::config& cfg, std::string name) {

@@ -3,6 +3,7 @@
 // started it ends, and an exec failure is exit status 127. Real processes;
 // every wait is on the child's own output or end, with no timing.
 #include "base/cgroup.hpp"
+#include "base/parse.hpp"
 #include "base/spawn.hpp"
 
 #include <catch2/catch.hpp>
@@ -215,7 +216,10 @@ TEST_CASE("cpu_cap: a child in a capped cgroup is throttled", "[spawn][cgroup]")
   for (int i = 0; i < 2000 && added && throttled == 0; ++i) {
     const std::string stat = read_text(cap.dir() + "/cpu.stat");
     const auto at = stat.find("nr_throttled ");
-    if (at != std::string::npos) throttled = std::stoull(stat.substr(at + 13));
+    if (at != std::string::npos) {
+      const auto end = stat.find('\n', at);
+      throttled = parse_uint<uint64_t>(std::string_view(stat).substr(at + 13, end - (at + 13))).value_or(0);
+    }
     if (throttled == 0) ::usleep(10000);
   }
   CHECK(throttled > 0);
