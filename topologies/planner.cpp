@@ -1158,6 +1158,11 @@ result<plan_result> plan(const plan_request& r) {
            fmt("%.4g", m.stated_active_params / 1e9) + "B";
     }
     p.notes.push_back(n);
+    if (m.context > 0 && r.context > m.context)
+      p.notes.push_back("context " + std::to_string(r.context) + " is beyond " + m.name + "'s maximum of " +
+                        std::to_string(m.context) + " positions; the KV cache is sized for " +
+                        std::to_string(r.context) + " (--context " + std::to_string(m.context) +
+                        " plans what the model can use)");
     std::string lay = "layout " + to_string(l.topology) + ": " + std::to_string(l.groups.size()) + " stations";
     if (l.topology.kind == plan_kind::expert) {
       lay += " (" + std::to_string(l.topology.stages) + " layer groups of " + std::to_string(l.layers_per_group) +

@@ -415,3 +415,14 @@ TEST_CASE("planner: a GGUF or llama2.c file gives its shape and its tensor bytes
   REQUIRE_FALSE(bad);
   CHECK(bad.message().find("gguf-small-reference-ids.json") != std::string::npos);
 }
+
+TEST_CASE("a context beyond the model's maximum is named in a note", "[planner]") {
+  // stories110m: 1024 positions (llama2.c's header).
+  const auto has_note = [](const plan_result& p) {
+    for (const auto& n : p.notes)
+      if (n.find("beyond stories110m's maximum of 1024 positions") != std::string::npos) return true;
+    return false;
+  };
+  CHECK(has_note(run(request("stories110m", "ps3", 3, "pipeline", 1, 4096))));
+  CHECK_FALSE(has_note(run(request("stories110m", "ps3", 3, "pipeline", 1, 1024))));
+}
