@@ -321,23 +321,19 @@ int run_failures_bench(const failures_bench_options& o, std::vector<bench_row>& 
   // (half a checkpoint interval of the busiest node's steps) is in the
   // daemons' time, not in an uncalibrated host's. The ratios compared below
   // do not depend on it; the downtime does.
-  double speed_scale = 1;
-  for (int i = 0; i < 12 && free_goodput > 0; ++i) {
+  double speed_scale = 1, planned = 0;
+  for (int i = 0;; ++i) {
     auto p = topologies::plan(r);
     if (!p) throw cli_error("plan: " + p.message());
-    if (!(p->tokens_per_s > 0)) break;
-    const double k = p->tokens_per_s / free_goodput;
-    if (std::abs(k - 1) < 0.01) break;
+    planned = p->tokens_per_s;
+    const double k = free_goodput > 0 && planned > 0 ? planned / free_goodput : 1;
+    if (std::abs(k - 1) < 0.01 || i == 12) break;
     r.hw.node.mem_bandwidth_gbs /= k;
     r.hw.node.gflops /= k;
     speed_scale /= k;
   }
-  {
-    auto p = topologies::plan(r);
-    if (!p) throw cli_error("plan: " + p.message());
-    std::fprintf(stderr, "plan at the measured speed: node rates x %.3g of the host preset's, %.1f tok/s (measured %.1f)\n",
-                 speed_scale, p->tokens_per_s, free_goodput);
-  }
+  std::fprintf(stderr, "plan at the measured speed: node rates x %.3g of the host preset's, %.1f tok/s (measured %.1f)\n",
+               speed_scale, planned, free_goodput);
   auto sim_ratio = [&](double detect_s, double& downtime_per_failure) -> double {
     topologies::plan_request q = r;
     if (detect_s >= 0) q.assume.detect_s = detect_s;

@@ -100,8 +100,8 @@ result<model_spec> spec_from_path(const std::string& path) {
 
 model_spec load_model(const plan_opts& o) {
   // A preset's name wins over a file of that name in the working folder.
-  const bool file = is_file(o.model) || (!find_model_preset(o.model) && std::ifstream(o.model).good());
-  result<model_spec> m = file ? spec_from_path(o.model) : find_model_preset(o.model);
+  result<model_spec> m = find_model_preset(o.model);
+  if (is_file(o.model) || (!m && std::ifstream(o.model).good())) m = spec_from_path(o.model);
   if (!m) throw cli_error("--model: " + m.message(), 2);
   auto w = with_weight_format(*m, o.weights);
   if (!w) throw cli_error(w.message(), 2);

@@ -394,7 +394,6 @@ result<model_spec> spec_from_model_file(const std::string& path) {
     }
     m.source = path + " (llama2.c header" + std::string(mf.quantized() ? ", CSQ8 q8_0" : ", f32") + notes + ")";
   }
-  m.name = path;
   return m;
 }
 
