@@ -367,6 +367,144 @@ struct fused_target {
 /// dead or frozen peer is the session's business). Well above a loaded host's
 /// scheduling delays; a longer compute (a prefill) waits in proportion.
 constexpr std::chrono::milliseconds fused_wait{250};
+/// How long a fused job waits for its peers' partials, beyond its own
+/// compute's time, before it lets another queued job run (run_fused).
+constexpr std::chrono::milliseconds fused_yield{25};
+
+/// A fused job (post_fused) and where it is: op `at`, and whether that op's
+/// own partial was already computed and sent (a job that yielded the worker
+/// resumes at the wait).
+struct fused_job {
+  computed c;
+  std::vector<fused_op> ops;
+  std::vector<fused_target> targets;
+  int count = 0, chunk = 1, T = 0, me = 0;
+  step_id id;
+  std::shared_ptr<const model::shard_weights> weights;
+  const kernels::backend* be = nullptr;
+  std::shared_ptr<model::kv_cache> kv;
+  std::shared_ptr<model::scratch> scr;
+  caf::actor_addr self_addr;
+  std::shared_ptr<kernels::pool> kpool;
+  std::shared_ptr<data_plane> plane;
+  std::shared_ptr<fused_router> router;
+  compute_worker* worker = nullptr;
+  size_t at = 0;
+  bool waiting = false;  // ops[at]'s partial is out; `own` holds it
+  blob own;
+  std::map<int32_t, uint64_t> sent;
+  // The reduction's deadline (fused_wait + 4 x the compute), kept across yields.
+  clock_type::time_point until{};
+  int yields = 0;
+};
+
+/// Runs (or resumes) a fused job on the worker. While it waits for its
+/// peers' partials with another job queued behind it on the worker (another
+/// session's step), it yields: after its own compute's time and fused_yield
+/// more it goes to the back of the queue, so that job runs now. Two ranks that took
+/// two sessions in opposite orders (the activations of a previous stage, or
+/// of 8 concurrent sessions, arrive at a group's ranks in any order) would
+/// otherwise each wait for the other until fused_wait ran out, at every
+/// reduction: the 2026-12-07 lab (daemons at 12% of a core, batch 8) took
+/// 7-22 s to a first token and, in 2 of 3 hybrid:2x4 runs, 7.9-8.2 s per
+/// token instead of ~0.2. Giving the step back to the actor instead (whose
+/// reduce does not hold the worker) cured that but ran 2.4-2.7x slower.
+void run_fused(const std::shared_ptr<fused_job>& job, const std::atomic<bool>& cancelled) {
+  fused_job& j = *job;
+  computed& c = j.c;
+  kernels::pool::scope use_pool(j.kpool.get());
+  const size_t n = static_cast<size_t>(j.count) * j.weights->cfg().dim;
+  auto& router = j.router;
+  // Unless CELLSHARD_DATA_PLANE=nolend: this thread reads the inbound links itself
+  // while the job runs (one wake-up per partial's arrival instead of a
+  // reader thread's and then this one's); otherwise, or while another
+  // shard's job holds them, it waits on the router's cv.
+  struct lent_reading {
+    data_plane* p;
+    bool on;
+    ~lent_reading() {
+      if (on) p->give_back();
+    }
+  } lent{j.plane.get(), router->lend && j.plane->lend()};
+  for (; j.at < j.ops.size(); ++j.at) {
+    const auto& f = j.ops[j.at];
+    {
+      std::lock_guard<std::mutex> g(router->mu);
+      if (c.inbox->abort) break;  // the step was abandoned: the actor starts the next
+    }
+    int64_t ns = 0;
+    if (!j.waiting) {
+      const auto t0 = clock_type::now();
+      j.own = blob{};
+      if (!compute_layers(*j.weights, j.be, *j.kv, *j.scr, f.l0, f.l1, f.attention, f.ffn, true, j.count, j.chunk,
+                          j.id.pos0, c.x, j.own.data, cancelled))
+        return;  // the shard is going away
+      ns = since_ns(t0);
+      c.ns += ns;
+      to_sync_format(j.own, f.sync);
+      const partial_sum p{j.id, f.layer, f.phase, j.me, j.own};
+      const uint64_t bytes = payload_bytes(j.own);
+      for (const auto& t : j.targets) {
+        j.sent[t.node] += bytes;
+        if (!j.plane->send(t.peer, t.to.id(), p)) caf::anon_send(t.to, p);
+      }
+      j.waiting = true;
+      j.until = clock_type::now() + fused_wait + std::chrono::nanoseconds(4 * ns);
+    }
+    std::vector<blob> parts;
+    {
+      std::unique_lock<std::mutex> lk(router->mu);
+      const auto key = std::make_pair(f.layer, f.phase);
+      auto ready = [&] {
+        auto it = c.inbox->parts.find(key);
+        if (it == c.inbox->parts.end() || it->second.size() != static_cast<size_t>(j.T)) return false;
+        for (int r = 0; r < j.T; ++r)
+          if (r != j.me && it->second[static_cast<size_t>(r)].data.size() != n) return false;
+        return true;
+      };
+      // Partials usually come within a peer's compute of this one's; a peer
+      // on a capped node may take several CPU-quota periods longer.
+      const auto yield_at = clock_type::now() + std::chrono::nanoseconds(ns) + fused_yield;
+      while (!ready() && !c.inbox->abort && !cancelled && clock_type::now() < j.until) {
+        if (clock_type::now() >= yield_at && j.worker->pending() > 1) {
+          // Another job is queued: let it run, resume behind it.
+          lk.unlock();
+          ++j.yields;
+          auto self = job;
+          j.worker->post([self](const std::atomic<bool>& cancelled_again) { run_fused(self, cancelled_again); });
+          return;
+        }
+        if (!lent.on) {
+          router->cv.wait_for(lk, std::chrono::milliseconds(10));
+          continue;
+        }
+        lk.unlock();  // the frames pump() reads go through the sink, which takes router->mu
+        j.plane->pump(std::chrono::milliseconds(10));
+        lk.lock();
+      }
+      if (!ready()) {  // the actor's reduce waits for the rest
+        c.shared = true;
+        c.out = std::move(j.own);
+        break;
+      }
+      auto it = c.inbox->parts.find(key);
+      parts = std::move(it->second);
+      c.inbox->parts.erase(it);
+    }
+    j.waiting = false;
+    // x += p_0 + p_1 + ... + p_{T-1}, as reduce_direct sums them.
+    parts[static_cast<size_t>(j.me)] = std::move(j.own);
+    std::vector<float> acc = std::move(parts[0].data);
+    for (int r = 1; r < j.T; ++r) {
+      const float* p = parts[static_cast<size_t>(r)].data.data();
+      for (size_t i = 0; i < n; ++i) acc[i] += p[i];
+    }
+    for (size_t i = 0; i < n; ++i) c.x[i] += acc[i];
+  }
+  c.next_pc = c.pc + 2 * j.at + (c.shared ? 1 : 0);
+  c.sent.assign(j.sent.begin(), j.sent.end());
+  if (auto to = caf::actor_cast<caf::actor>(j.self_addr)) caf::anon_send(to, std::move(c));
+}
 
 /// The tensor group's hot loop without hand-offs (issue #19): when the op at
 /// ss.pc starts a run of (compute partial, reduce direct_rank_order) pairs
@@ -455,89 +593,25 @@ bool post_fused(shard_actor* self, uint64_t session, session_state& ss) {
   caf::actor_addr self_addr = self->address();
   std::shared_ptr<kernels::pool> kpool = st.init.node->kernel_pool;
   std::shared_ptr<data_plane> plane = dp;
-  st.worker->post([c = std::move(c), ops = std::move(ops), targets = std::move(targets), count, chunk, id, T, me,
-                   weights, be, kv, scr, self_addr, kpool, plane,
-                   router](const std::atomic<bool>& cancelled) mutable {
-    kernels::pool::scope use_pool(kpool.get());
-    const size_t n = static_cast<size_t>(count) * weights->cfg().dim;
-    std::map<int32_t, uint64_t> sent;
-    // Unless CELLSHARD_DATA_PLANE=nolend: this thread reads the inbound links itself
-    // while the job runs (one wake-up per partial's arrival instead of a
-    // reader thread's and then this one's); otherwise, or while another
-    // shard's job holds them, it waits on the router's cv.
-    struct lent_reading {
-      data_plane* p;
-      bool on;
-      ~lent_reading() {
-        if (on) p->give_back();
-      }
-    } lent{plane.get(), router->lend && plane->lend()};
-    size_t at = 0;
-    for (; at < ops.size(); ++at) {
-      const auto& f = ops[at];
-      {
-        std::lock_guard<std::mutex> g(router->mu);
-        if (c.inbox->abort) break;  // the step was abandoned: the actor starts the next
-      }
-      const auto t0 = clock_type::now();
-      blob own;
-      if (!compute_layers(*weights, be, *kv, *scr, f.l0, f.l1, f.attention, f.ffn, true, count, chunk, id.pos0, c.x,
-                          own.data, cancelled))
-        return;  // the shard is going away
-      const int64_t ns = since_ns(t0);
-      c.ns += ns;
-      to_sync_format(own, f.sync);
-      {
-        const partial_sum p{id, f.layer, f.phase, me, own};
-        const uint64_t bytes = payload_bytes(own);
-        for (const auto& t : targets) {
-          sent[t.node] += bytes;
-          if (!plane->send(t.peer, t.to.id(), p)) caf::anon_send(t.to, p);
-        }
-      }
-      std::vector<blob> parts;
-      {
-        std::unique_lock<std::mutex> lk(router->mu);
-        const auto key = std::make_pair(f.layer, f.phase);
-        auto ready = [&] {
-          auto it = c.inbox->parts.find(key);
-          if (it == c.inbox->parts.end() || it->second.size() != static_cast<size_t>(T)) return false;
-          for (int r = 0; r < T; ++r)
-            if (r != me && it->second[static_cast<size_t>(r)].data.size() != n) return false;
-          return true;
-        };
-        const auto until = clock_type::now() + fused_wait + std::chrono::nanoseconds(4 * ns);
-        while (!ready() && !c.inbox->abort && !cancelled && clock_type::now() < until) {
-          if (!lent.on) {
-            router->cv.wait_for(lk, std::chrono::milliseconds(10));
-            continue;
-          }
-          lk.unlock();  // the frames pump() reads go through the sink, which takes router->mu
-          plane->pump(std::chrono::milliseconds(10));
-          lk.lock();
-        }
-        if (!ready()) {  // the actor's reduce waits for the rest
-          c.shared = true;
-          c.out = std::move(own);
-          break;
-        }
-        auto it = c.inbox->parts.find(key);
-        parts = std::move(it->second);
-        c.inbox->parts.erase(it);
-      }
-      // x += p_0 + p_1 + ... + p_{T-1}, as reduce_direct sums them.
-      parts[static_cast<size_t>(me)] = std::move(own);
-      std::vector<float> acc = std::move(parts[0].data);
-      for (int r = 1; r < T; ++r) {
-        const float* p = parts[static_cast<size_t>(r)].data.data();
-        for (size_t i = 0; i < n; ++i) acc[i] += p[i];
-      }
-      for (size_t i = 0; i < n; ++i) c.x[i] += acc[i];
-    }
-    c.next_pc = c.pc + 2 * at + (c.shared ? 1 : 0);
-    c.sent.assign(sent.begin(), sent.end());
-    if (auto to = caf::actor_cast<caf::actor>(self_addr)) caf::anon_send(to, std::move(c));
-  });
+  auto job = std::make_shared<fused_job>();
+  job->c = std::move(c);
+  job->ops = std::move(ops);
+  job->targets = std::move(targets);
+  job->count = count;
+  job->chunk = chunk;
+  job->id = id;
+  job->T = T;
+  job->me = me;
+  job->weights = std::move(weights);
+  job->be = be;
+  job->kv = std::move(kv);
+  job->scr = std::move(scr);
+  job->self_addr = self_addr;
+  job->kpool = std::move(kpool);
+  job->plane = std::move(plane);
+  job->router = std::move(router);
+  job->worker = st.worker.get();  // outlives its jobs: its destructor joins the thread
+  st.worker->post([job](const std::atomic<bool>& cancelled) { run_fused(job, cancelled); });
   return true;
 }
 
