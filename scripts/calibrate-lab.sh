@@ -16,7 +16,9 @@
 # Writes OUTDIR/lab-raw.csv (every run's sweep row, with the columns `run`
 # (1..R) and `started` (UTC)), OUTDIR/lab-calibration.csv (one row per point:
 # the median of its runs in every measured column, plus runs, tpot_min_ms,
-# tpot_max_ms, spread = max/min TPOT and comm_share_min/max (of
+# tpot_max_ms, spread = max/min TPOT (the decode's mean time between a
+# sequence's tokens, batch x 1000 / decode_tokens_per_s, as the fit uses it)
+# and comm_share_min/max (of
 # decode_comm_share: sweep's decode-only columns); its first line
 # "# host: X GB/s, C cores" describes one capped node: the read bandwidth
 # measured here times the CPU share, and how many capped nodes the cores run
@@ -186,7 +188,10 @@ out.writerow(cols + ["runs", "tpot_min_ms", "tpot_max_ms", "spread", "comm_share
 lines = []
 for k, rs in points.items():
     med = {c: statistics.median(float(r[c]) for r in rs) for c in num_cols}
-    t = [float(r["tpot_ms_p50"]) for r in rs]
+    # TPOT as the fit uses it (plan_calibrate.hpp measured_tpot_ms): the
+    # decode's mean time between a sequence's tokens, else the p50
+    t = [int(r["batch"]) * 1000.0 / float(r["decode_tokens_per_s"])
+         if float(r.get("decode_tokens_per_s") or 0) > 0 else float(r["tpot_ms_p50"]) for r in rs]
     # the decode's comm share (what the planner predicts) when the sweep wrote it
     cs = [float(r.get("decode_comm_share") or r["comm_share"]) for r in rs]
     out.writerow([("%.6g" % med[c]) if c in med else rs[0][c] for c in cols] +

@@ -76,7 +76,21 @@ struct sweep_row {
   /// predictions with these when present, else with tokens_per_s and comm_share.
   double decode_tokens_per_s = -1;
   double decode_comm_share = -1;
+  /// The decode's mean time between a sequence's tokens, in ms (column
+  /// decode_tpot_ms when the CSV has it); -1 when not given.
+  double decode_tpot_ms = -1;
 };
+
+/// The time per output token the fit and the validation use, in ms: the
+/// decode's mean time between a sequence's tokens (the steady state the
+/// planner predicts; TPOT as serving benchmarks define it, (last token -
+/// first token) / (tokens - 1) per request): the row's decode_tpot_ms when
+/// given, else batch x 1000 / decode_tokens_per_s (the batch's sessions
+/// share the decode window, so each makes decode_tokens_per_s / batch tokens
+/// per second), else tpot_ms_p50 (older CSVs). Since 2026-12-07: before, the
+/// p50 of the first session's step times, which a CPU quota's 10 ms periods
+/// round to whole periods (the lab at 12% of a core: 30.0, 40.0, 60.0 ms).
+double measured_tpot_ms(const sweep_row& row);
 
 /// Parses the sweep CSV. Required columns: model, topology, nodes,
 /// tpot_ms_p50; the others default (batch 1). Errors: "sweep.csv line 4:
@@ -90,9 +104,13 @@ struct calibration_point {
   int nodes = 0;
   int batch = 1;
   std::string link;      // the row's link column
-  double measured_tpot_ms = 0;
+  double measured_tpot_ms = 0;   // measured_tpot_ms(row): the decode's mean
   double predicted_tpot_ms = 0;
   double error = 0;  // (predicted - measured) / measured
+  /// The row's tpot_ms_p50 (the first session's median step) and the
+  /// prediction's error against it, shown beside the mean's.
+  double measured_tpot_p50_ms = 0;
+  double p50_error = 0;
   /// tokens/s: measured (the row's decode_tokens_per_s, else its
   /// tokens_per_s; 0 when the CSV lacks both) and predicted.
   double measured_tokens_per_s = 0;

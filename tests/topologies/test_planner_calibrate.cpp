@@ -145,6 +145,23 @@ TEST_CASE("sweep CSV: header-named columns, errors by line and column", "[planne
   CHECK(fit->points[1].measured_tokens_per_s == 3.6);
   CHECK(fit->points[1].measured_comm_share == 0.9);
 
+  // TPOT: the decode's mean time between a sequence's tokens when the row
+  // lets it be known (batch x 1000 / decode tokens/s), else the p50.
+  CHECK(measured_tpot_ms((*dec)[0]) == Approx(1000.0 / 12500));
+  CHECK(measured_tpot_ms((*dec)[1]) == 0.07);
+  CHECK(fit->points[0].measured_tpot_ms == Approx(0.08));  // 1000 / 12500
+  CHECK(fit->points[0].measured_tpot_p50_ms == 0.08);
+  CHECK(fit->points[2].measured_tpot_ms == Approx(0.0625));  // 1000 / 16000, not the p50 0.06
+  CHECK(fit->points[2].measured_tpot_p50_ms == 0.06);
+  CHECK(fit->points[2].p50_error == Approx((fit->points[2].predicted_tpot_ms - 0.06) / 0.06));
+  auto b8 = parse_sweep_csv(std::string("model,topology,nodes,batch,tpot_ms_p50,decode_tokens_per_s,decode_tpot_ms\n"
+                                        "m,pipeline,1,8,30,200,\n"
+                                        "m,pipeline,1,8,30,200,41.5\n"),
+                            "b.csv");
+  REQUIRE(b8);
+  CHECK(measured_tpot_ms((*b8)[0]) == Approx(40.0));  // 8 sessions share 200 tokens/s: 25 each
+  CHECK(measured_tpot_ms((*b8)[1]) == 41.5);          // the column, when given
+
   // The resolver maps file names to presets.
   auto res = preset_resolver(nullptr);
   CHECK(res("../models/stories260K.bin")->name == "stories260k");
