@@ -67,7 +67,7 @@ struct features {
 features chain_features(const cost_terms& c) {
   features f;
   f.x = {c.compute_s, c.messages, c.syncs, c.sync_messages, c.bytes, c.transfer_s, 0, c.expert_messages, 0, 0, 0};
-  f.fixed = c.wire_s + c.throttle_s + c.cpu_quota_s;  // both from the constants the rows were prepared at
+  f.fixed = c.wire_s + c.throttle_s;
   return f;
 }
 
@@ -576,17 +576,11 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
     }
     return best;
   };
-  // The rows' costs at efficiency eff (the quota's throttling depends on it)
-  // and, under a quota, at the message CPU costs `cpu` (message_cpu_s,
-  // sync_message_cpu_s, sync_cpu_s: cost_terms::cpu_quota_s depends on them).
-  std::array<double, 3> cpu{base.assume.message_cpu_s, base.assume.sync_message_cpu_s, base.assume.sync_cpu_s};
+  // The rows' costs at efficiency eff (the quota's throttling depends on it).
   auto prepare_at = [&](double eff) {
     for (auto& p : ps) {
       plan_request q = p.req;
       q.assume.compute_efficiency = eff;
-      q.assume.message_cpu_s = cpu[0];
-      q.assume.sync_message_cpu_s = cpu[1];
-      q.assume.sync_cpu_s = cpu[2];
       p.chain = chain_cost(q, p.layout, p.micro);
     }
   };
@@ -594,59 +588,46 @@ result<calibration> calibrate(const std::vector<sweep_row>& rows, const plan_req
   if (!quota) {
     fit = fit_from(base_theta);
   } else {
-    // The message CPU under the quota (cpu_quota_s) depends on constants the
-    // fit sets: fit, take its CPU costs, fit again, until they settle (a
-    // fixed point; at most 6 rounds).
-    for (int round = 0; round < 6; ++round) {
-      fit = outcome{};
-      // A log grid of efficiencies, then golden-section refinement around the best.
-      auto at = [&](double eff) {
-        prepare_at(eff);
-        std::array<double, n_params> st = base_theta;
-        st[0] = 1.0 / eff;
-        return fit_from(st);
-      };
-      const int grid = 40;
-      const double lo = std::log(0.05), hi = std::log(2.0);
-      int best_i = 0;
-      for (int i = 0; i <= grid; ++i) {
-        outcome o = at(std::exp(lo + (hi - lo) * i / grid));
-        if (o.sse < fit.sse) {
-          fit = o;
-          best_i = i;
-        }
+    // A log grid of efficiencies, then golden-section refinement around the best.
+    auto at = [&](double eff) {
+      prepare_at(eff);
+      std::array<double, n_params> st = base_theta;
+      st[0] = 1.0 / eff;
+      return fit_from(st);
+    };
+    const int grid = 40;
+    const double lo = std::log(0.05), hi = std::log(2.0);
+    int best_i = 0;
+    for (int i = 0; i <= grid; ++i) {
+      outcome o = at(std::exp(lo + (hi - lo) * i / grid));
+      if (o.sse < fit.sse) {
+        fit = o;
+        best_i = i;
       }
-      double a = lo + (hi - lo) * std::max(0, best_i - 1) / grid;
-      double b = lo + (hi - lo) * std::min(grid, best_i + 1) / grid;
-      const double g = (std::sqrt(5.0) - 1) / 2;
-      double c = b - g * (b - a), d = a + g * (b - a);
-      outcome oc = at(std::exp(c)), od = at(std::exp(d));
-      for (int it = 0; it < 40 && b - a > 1e-7; ++it) {
-        if (oc.sse < od.sse) {
-          b = d;
-          d = c;
-          od = oc;
-          c = b - g * (b - a);
-          oc = at(std::exp(c));
-        } else {
-          a = c;
-          c = d;
-          oc = od;
-          d = a + g * (b - a);
-          od = at(std::exp(d));
-        }
-      }
-      for (const outcome* o : {&oc, &od})
-        if (o->sse < fit.sse) fit = *o;
-      const std::array<double, 3> now{fit.theta[6], fit.usable[sync_cpu_param] ? fit.theta[8] : fit.theta[6],
-                                      fit.theta[10]};
-      double moved = 0;
-      for (size_t k = 0; k < 3; ++k) moved = std::max(moved, std::fabs(now[k] - cpu[k]));
-      cpu = now;
-      prepare_at(1.0 / fit.theta[0]);
-      fit.usable[0] = true;  // searched
-      if (moved < 1e-7) break;  // 0.1 us: settled
     }
+    double a = lo + (hi - lo) * std::max(0, best_i - 1) / grid, b = lo + (hi - lo) * std::min(grid, best_i + 1) / grid;
+    const double g = (std::sqrt(5.0) - 1) / 2;
+    double c = b - g * (b - a), d = a + g * (b - a);
+    outcome oc = at(std::exp(c)), od = at(std::exp(d));
+    for (int it = 0; it < 40 && b - a > 1e-7; ++it) {
+      if (oc.sse < od.sse) {
+        b = d;
+        d = c;
+        od = oc;
+        c = b - g * (b - a);
+        oc = at(std::exp(c));
+      } else {
+        a = c;
+        c = d;
+        oc = od;
+        d = a + g * (b - a);
+        od = at(std::exp(d));
+      }
+    }
+    for (const outcome* o : {&oc, &od})
+      if (o->sse < fit.sse) fit = *o;
+    prepare_at(1.0 / fit.theta[0]);
+    fit.usable[0] = true;  // searched
   }
   const std::array<double, n_params> theta = fit.theta;
   std::vector<bool> busy(ps.size(), false);

@@ -287,7 +287,7 @@ double comm_seconds(const cost_terms& c, const plan_assumptions& a) {
 
 double cost_terms::seconds(const plan_assumptions& a) const {
   const double eff = a.compute_efficiency > 0 ? a.compute_efficiency : 1.0;
-  return compute_s / eff + throttle_s + cpu_quota_s + comm_seconds(*this, a);
+  return compute_s / eff + throttle_s + comm_seconds(*this, a);
 }
 
 double cost_terms::busy_seconds(const plan_assumptions& a) const {
@@ -307,7 +307,6 @@ double cost_terms::busy_seconds(const plan_assumptions& a) const {
 cost_terms& cost_terms::operator+=(const cost_terms& o) {
   compute_s += o.compute_s;
   throttle_s += o.throttle_s;
-  cpu_quota_s += o.cpu_quota_s;
   quota = std::min(quota, o.quota);
   wire_s += o.wire_s;
   transfer_s += o.transfer_s;
@@ -652,19 +651,6 @@ chain_costs chain_cost(const plan_request& r, const plan_layout& l, int b) {
   out.return_hop = r.assume.logits_to_session ? message(x, senders, 4.0 * b * m.vocab) : message(x, 1, 4.0 * b);
   out.chain += out.return_hop;
   out.station_work.back().handled += out.return_hop.messages;
-  if (r.hw.cpu_quota > 0 && r.hw.cpu_quota < 1) {
-    // The message CPU of each station (now that its counts are final) under
-    // the quota, beside its kernel (cost_terms::cpu_quota_s).
-    const double eff = r.assume.compute_efficiency > 0 ? r.assume.compute_efficiency : 1.0;
-    const double q = r.hw.cpu_quota, period = r.hw.cpu_quota_period_s;
-    for (auto& w : out.station_work) {
-      const double kernel = w.compute_s / eff;
-      const double cpu = q * (w.handled * r.assume.message_cpu_s + w.sync_handled * r.assume.sync_message_cpu_s +
-                              w.syncs * r.assume.sync_cpu_s);
-      w.cpu_quota_s = cpu > 0 ? quota_step_seconds(kernel + cpu, q, period) - quota_step_seconds(kernel, q, period) : 0;
-      out.chain.cpu_quota_s += w.cpu_quota_s;
-    }
-  }
   for (const auto& w : out.station_work) {
     const double s = w.busy_seconds(r.assume);
     if (s > busiest_s) {

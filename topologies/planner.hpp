@@ -208,15 +208,6 @@ struct plan_request {
 struct cost_terms {
   double compute_s = 0;  // at efficiency 1, at the node's full rate
   double throttle_s = 0; // time a CPU quota adds to the chain's steps (at the request's efficiency)
-  /// Under a CPU quota, the time the station's message handling adds to its
-  /// step on the chain: quota_step_seconds(kernel + message CPU) -
-  /// quota_step_seconds(kernel), the message CPU at the full rate being the
-  /// quota x the sustained-rate costs (handled x message_cpu_s +
-  /// sync_handled x sync_message_cpu_s + syncs x sync_cpu_s). A station whose
-  /// kernel spent the period's quota waits for the next period before it can
-  /// send (the 2026-12-07 lab at 12% of a core: a hop after a 2-period step
-  /// took ~8 ms, after a step inside the quota ~1 ms). 0 without a quota.
-  double cpu_quota_s = 0;
   double quota = 1;      // share of the full rate a busy node sustains (hardware_spec::cpu_quota; 1 = none)
   double wire_s = 0;     // latency + transfer at the link's payload rate
   double transfer_s = 0; // the transfer part of wire_s (bytes / payload rate)
@@ -231,7 +222,7 @@ struct cost_terms {
   /// The station interleaves the steps of several sequences (a request of
   /// batch > 1): busy_seconds computes at batch_compute_efficiency.
   bool concurrent = false;
-  /// On the chain (latency): compute_s / eff + throttle_s + cpu_quota_s + wire_s +
+  /// On the chain (latency): compute_s / eff + throttle_s + wire_s +
   /// transfer_s x transfer_excess + messages x message_overhead +
   /// expert_messages x expert_message_overhead + syncs x
   /// sync_overhead + sync_messages x sync_message_overhead + bytes x byte_overhead.
