@@ -43,6 +43,16 @@
 #   CELLSHARD_LAB_NICE    e.g. -10: the daemons (their cgroups' CFS weight too)
 #                         and the sweep front end at that priority (lab.sh --nice:
 #                         what it does and does not protect against)
+#   CELLSHARD_LAB_TOPOLOGIES  lab8.bin's placements (default
+#                         pipeline,tensor,hybrid:2x2,hybrid:2x4)
+#   CELLSHARD_LAB_BATCHES batch sizes (default 1,8)
+#   CELLSHARD_LAB_MERGE=1 rerun part of the grid (e.g. after a runtime fix,
+#                         with the two variables above and CELLSHARD_LAB_MOE=0):
+#                         the new runs replace the same points' rows in
+#                         OUTDIR/lab-raw.csv, the others stay; the medians,
+#                         the fit and the report are made again from all
+#                         rows, and lab-calibration.csv keeps the first
+#                         runs' host line and names the rerun below it
 #   CELLSHARD_LAB_FIT_ONLY=1  no runs: the fit, the hold-out files and (default
 #                         OUTDIR) the report again from OUTDIR/lab-calibration.csv
 #                         as it is (steps and node counts from its '# runs' line),
@@ -62,6 +72,9 @@ REPEAT=${CELLSHARD_LAB_REPEAT:-1}
 MOE=${CELLSHARD_LAB_MOE:-1}
 NICE=${CELLSHARD_LAB_NICE:-}
 FIT_ONLY=${CELLSHARD_LAB_FIT_ONLY:-0}
+TOPOS=${CELLSHARD_LAB_TOPOLOGIES:-pipeline,tensor,hybrid:2x2,hybrid:2x4}
+BATCHES=${CELLSHARD_LAB_BATCHES:-1,8}
+MERGE=${CELLSHARD_LAB_MERGE:-0}
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || { echo "calibrate-lab.sh: CELLSHARD_LAB_REPEAT must be a positive integer" >&2; exit 2; }
 [ -z "$NICE" ] || [[ $NICE =~ ^-?[0-9]+$ ]] || { echo "calibrate-lab.sh: CELLSHARD_LAB_NICE must be an integer (-20..19)" >&2; exit 2; }
 NICER=()
@@ -129,7 +142,7 @@ sweep() {
   # (stderr through tee, stdout as it is; pipefail gives the sweep's status)
   { ${NICER[@]+"${NICER[@]}"} "$B" sweep --cluster /tmp/cellshard-lab/cluster.json --cluster-link "$rate:50us" \
     -m "$TMP/models/$model" -z "$TMP/models/tok512.bin" -n "$STEPS" --nodes "$nodes" --topology "$topos" \
-    --batch 1,8 --out "$dir" $([ "$run" -eq 1 ] || echo --no-plots) 2>&1 1>&3 | tee "$dir.err" >&2; } 3>&1 ||
+    --batch "$BATCHES" --out "$dir" $([ "$run" -eq 1 ] || echo --no-plots) 2>&1 1>&3 | tee "$dir.err" >&2; } 3>&1 ||
     echo "calibrate-lab.sh: some points of $name at $rate (run $run) failed; they are listed in $OUT/failed.txt" >&2
   sed -n '/point(s) failed/,$p' "$dir.err" | sed "s/^/$rate run $run: /" >> "$OUT/failed.txt"
   # sweep lists a point whose daemon was given up on a loaded host among the
@@ -152,24 +165,54 @@ for rate in $RATES; do
   CELLSHARD_MODELS=$TMP/models scripts/lab.sh up "$NODES" --rate "$rate" --cpu "$CPU" ${LABNICE[@]+"${LABNICE[@]}"} |
     tee -a "$TMP/links.txt" >&2
   for ((run = 1; run <= REPEAT; run++)); do
-    sweep lab8.bin lab8 "$GRID" pipeline,tensor,hybrid:2x2,hybrid:2x4 "$rate" "$run"
+    sweep lab8.bin lab8 "$GRID" "$TOPOS" "$rate" "$run"
     if [ "$MOE" != 0 ] && [ -n "$MOE_GRID" ]; then sweep labmoe8.gguf labmoe8 "$MOE_GRID" expert "$rate" "$run"; fi
   done
   scripts/lab.sh down >/dev/null
 done
 END=$(date -u +%Y-%m-%dT%H:%MZ)
 [ -s "$TMP/raw.csv" ] || { echo "calibrate-lab.sh: no run succeeded" >&2; exit 1; }
-cp "$TMP/raw.csv" "$RAW"
+if [ "$MERGE" = 1 ]; then
+  [ -f "$RAW" ] && [ -f "$CSV" ] || { echo "calibrate-lab.sh: CELLSHARD_LAB_MERGE=1 needs $RAW and $CSV" >&2; exit 1; }
+  grep '^#' "$CSV" | grep -v '^# each row' > "$TMP/header.txt"
+  # The points rerun replace their earlier rows; the others stay.
+  python3 - "$RAW" "$TMP/raw.csv" <<'PY'
+import csv, sys
+old_path, new_path = sys.argv[1], sys.argv[2]
+key = ("model", "topology", "nodes", "link", "batch", "reduce")
+with open(old_path) as f:
+    old = list(csv.DictReader(f))
+with open(new_path) as f:
+    new = list(csv.DictReader(f))
+cols = list(old[0].keys())
+redo = {tuple(r[c] for c in key) for r in new}
+kept = [r for r in old if tuple(r[c] for c in key) not in redo]
+with open(old_path, "w") as f:
+    w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    w.writerows(kept + new)
+print("calibrate-lab.sh: %d point(s) rerun (%d rows replace %d), %d rows kept" %
+      (len(redo), len(new), len(old) - len(kept), len(kept)), file=sys.stderr)
+PY
+else
+  cp "$TMP/raw.csv" "$RAW"
+fi
 
 # One row per point: the median of its runs (noise on a shared host only
 # adds time, but a median is what a repeat-robust fit needs), and its spread.
 {
-  echo "# host: $NODE_BW GB/s, $PAR cores"
-  echo "# $NODES node daemons in network namespaces (scripts/lab.sh), each capped at $CPU% of a core (cgroup)${NICE:+, nice $NICE};"
-  echo "# host read bandwidth $BW GB/s measured by plan --hardware host before the runs; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "# runs $START - $END UTC on $(git rev-parse --short HEAD 2>/dev/null || echo unknown): CELLSHARD_LAB_CPU=$CPU CELLSHARD_LAB_STEPS=$STEPS CELLSHARD_LAB_NODES=$GRID CELLSHARD_LAB_REPEAT=$REPEAT CELLSHARD_LAB_NICE=${NICE:-none} CELLSHARD_LAB_RATES=\"$RATES\" scripts/calibrate-lab.sh"
-  echo "# cellshard sweep --cluster LAB -n $STEPS --batch 1,8, per link: -m lab8.bin (dim 512, 8 layers, 8 KV heads, f32) --nodes $GRID --topology pipeline,tensor,hybrid:2x2,hybrid:2x4$([ "$MOE" != 0 ] && echo "; -m labmoe8.gguf (dim 256, 8 layers, 8 experts top 2, f32) --nodes $MOE_GRID --topology expert")"
-  sed 's/^/# /' "$TMP/links.txt"
+  if [ "$MERGE" = 1 ]; then
+    cat "$TMP/header.txt"
+    echo "# rerun $START - $END UTC on $(git rev-parse --short HEAD 2>/dev/null || echo unknown), replacing these points' rows: CELLSHARD_LAB_MERGE=1 CELLSHARD_LAB_TOPOLOGIES=$TOPOS CELLSHARD_LAB_BATCHES=$BATCHES CELLSHARD_LAB_NODES=$GRID CELLSHARD_LAB_MOE=$MOE CELLSHARD_LAB_CPU=$CPU CELLSHARD_LAB_STEPS=$STEPS CELLSHARD_LAB_REPEAT=$REPEAT CELLSHARD_LAB_NICE=${NICE:-none} CELLSHARD_LAB_RATES=\"$RATES\" scripts/calibrate-lab.sh (host read bandwidth $BW GB/s then; load after: $(cut -d' ' -f1-3 /proc/loadavg))"
+    sed 's/^/# rerun: /' "$TMP/links.txt"
+  else
+    echo "# host: $NODE_BW GB/s, $PAR cores"
+    echo "# $NODES node daemons in network namespaces (scripts/lab.sh), each capped at $CPU% of a core (cgroup)${NICE:+, nice $NICE};"
+    echo "# host read bandwidth $BW GB/s measured by plan --hardware host before the runs; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "# runs $START - $END UTC on $(git rev-parse --short HEAD 2>/dev/null || echo unknown): CELLSHARD_LAB_CPU=$CPU CELLSHARD_LAB_STEPS=$STEPS CELLSHARD_LAB_NODES=$GRID CELLSHARD_LAB_REPEAT=$REPEAT CELLSHARD_LAB_NICE=${NICE:-none} CELLSHARD_LAB_RATES=\"$RATES\" scripts/calibrate-lab.sh"
+    echo "# cellshard sweep --cluster LAB -n $STEPS --batch $BATCHES, per link: -m lab8.bin (dim 512, 8 layers, 8 KV heads, f32) --nodes $GRID --topology $TOPOS$([ "$MOE" != 0 ] && echo "; -m labmoe8.gguf (dim 256, 8 layers, 8 experts top 2, f32) --nodes $MOE_GRID --topology expert")"
+    sed 's/^/# /' "$TMP/links.txt"
+  fi
   echo "# each row: the median of its point's $REPEAT run(s) in $(basename "$RAW") (runs, TPOT min/max, spread = max/min)"
 } > "$CSV"
 python3 - "$RAW" "$OUT/lab-spread.txt" >> "$CSV" <<'PY'
