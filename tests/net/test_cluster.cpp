@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <poll.h>
 #include <memory>
 
 using namespace cellshard;
@@ -86,6 +88,21 @@ TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "
     CHECK(log.find("ended (CAF carries") == std::string::npos);
     // Its fused jobs read the sockets themselves (the default lend).
     CHECK_THAT(log, Catch::Contains("data plane: reading lent"));
+  }
+  // Activations (stage to stage, and the embedding to a tensor group) went
+  // as data-plane frames too: only the first of each (session, epoch) to a
+  // shard through CAF. Node 0 holds the embedding in every topology and
+  // receives none; the others' counters are logged once the last front end
+  // is gone (after that line the daemon reports no shards).
+  for (size_t i = 1; i < c.nodes.size(); ++i) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (test::query_daemon(c.ports[i], 3).shards != 0 && std::chrono::steady_clock::now() < until)
+      ::poll(nullptr, 0, 100);  // polling interval, bounded by the deadline
+    const auto a = test::activation_counts_of(c.nodes[i]->log());
+    INFO("node " << i << ": " << c.nodes[i]->log());
+    REQUIRE(a.found);
+    CHECK(a.frames > 10 * a.via_caf);
+    CHECK(a.held_dropped == 0);
   }
   // The placement printed by the front end names the daemons' node indices.
   const std::string file = c.dir + "/cluster.json";
