@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <poll.h>
 #include <memory>
@@ -308,7 +309,19 @@ TEST_CASE("the front end forwards no activation bytes between stages", "[net][tr
     }
   }
   SECTION("control: without direct links CAF relays through the front end, and the count shows it") {
-    auto t = generate_and_count(c, "pipeline", false, steps);
+    // Activations take the daemons' data plane (its own sockets, daemon to
+    // daemon) since protocol 9; the control switches it off in the daemons
+    // so that they go through CAF, which then relays them.
+    struct env_guard {
+      env_guard() { ::setenv("CELLSHARD_DATA_PLANE", "caf", 1); }
+      ~env_guard() { ::unsetenv("CELLSHARD_DATA_PLANE"); }
+    };
+    std::unique_ptr<four_nodes> cafonly;
+    {
+      env_guard g;
+      cafonly = std::make_unique<four_nodes>("net-traffic-caf");
+    }
+    auto t = generate_and_count(*cafonly, "pipeline", false, steps);
     CHECK(t.ids == expected);
     WARN("relayed pipeline: front end sent " << t.sent_during[0].sent << ", " << t.sent_during[1].sent << ", "
                                              << t.sent_during[2].sent << ", " << t.sent_during[3].sent
