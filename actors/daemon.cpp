@@ -137,6 +137,21 @@ void stop_client(daemon_actor* self, const caf::actor_addr& owner, const std::st
   for (auto& h : it->second.heartbeats) self->send_exit(h, caf::exit_reason::user_shutdown);
   st.clients.erase(it);
   log(self, "front end gone (" + why + "): stopped " + std::to_string(n) + " shard(s)");
+  if (st.node) {  // since the daemon started (tests/net/test_cluster.cpp reads this line)
+    const auto& nd = *st.node;
+    std::string line = "activations received from other processes: " + std::to_string(nd.activations_frames.load()) +
+                       " as data-plane frames, " + std::to_string(nd.activations_caf.load()) + " through CAF; " +
+                       std::to_string(nd.activations_held.load()) + " frames held for their CAF activation, " +
+                       std::to_string(nd.activations_held_dropped.load()) + " dropped";
+    if (nd.data) {
+      const auto d = nd.data->stats();
+      line += "; data plane frames sent " + std::to_string(d.frames_sent) + " (" +
+              std::to_string(d.activations_sent) + " activations), received " + std::to_string(d.frames_received) +
+              " (" + std::to_string(d.activations_received) + " activations), dropped " +
+              std::to_string(d.frames_dropped);
+    }
+    log(self, line);
+  }
 }
 
 /// The weights' part of a spawn: the slice's model and how it got here.

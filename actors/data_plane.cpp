@@ -28,8 +28,9 @@ namespace {
 
 constexpr uint32_t frame_magic = 0x50445343u;  // "CSDP" read as little-endian bytes
 constexpr uint8_t kind_partial_sum = 1;
+constexpr uint8_t kind_activation = 2;          // protocol 9
 constexpr size_t frame_head = 24;               // magic, kind, pad, destination, body length
-constexpr size_t partial_fields = 32;           // session, epoch, pos0, count, layer, phase, rank
+constexpr size_t frame_fields = 32;             // the step id and the message's own fields (data_plane.hpp)
 constexpr size_t blob_head = 13;                // blob::encode's [u8 order][u32 n][u64 xxh64]
 constexpr uint64_t max_body = 1ull << 30;       // a frame larger than this is refused
 constexpr size_t max_pending = 64u << 20;       // bytes queued on one stuck link before dropping
@@ -246,6 +247,8 @@ data_plane_stats data_plane::stats() const {
   s.links_failed = failed_;
   s.frames_refused = refused_;
   s.lends = lends_;
+  s.activations_sent = act_sent_;
+  s.activations_received = act_received_;
   return s;
 }
 
@@ -541,17 +544,50 @@ bool data_plane::send_frame(const std::string& peer, const char* head, size_t he
   return true;
 }
 
-bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial_sum& m) {
-  const bool damaged = !m.data.damaged_wire.empty();
-  const size_t n = m.data.data.size();
-  const size_t blob_len = damaged ? m.data.damaged_wire.size() : blob_head + n * sizeof(float);
-  char head[frame_head + partial_fields + blob_head];
+bool data_plane::send_blob(const std::string& peer, uint8_t kind, caf::actor_id dest, const char* fields,
+                           const blob& x) {
+  const bool damaged = !x.damaged_wire.empty();
+  const size_t n = x.data.size();
+  const size_t blob_len = damaged ? x.damaged_wire.size() : blob_head + n * sizeof(float);
+  char head[frame_head + frame_fields + blob_head];
   put_u32(head, frame_magic);
-  head[4] = static_cast<char>(kind_partial_sum);
+  head[4] = static_cast<char>(kind);
   head[5] = head[6] = head[7] = 0;
   put_u64(head + 8, dest);
-  put_u64(head + 16, partial_fields + blob_len);
-  char* f = head + frame_head;
+  put_u64(head + 16, frame_fields + blob_len);
+  std::memcpy(head + frame_head, fields, frame_fields);
+  bool ok;
+  if (damaged) {  // the damaged wire form verbatim (fault `corrupt`)
+    ok = send_frame(peer, head, frame_head + frame_fields, x.damaged_wire.data(), blob_len, nullptr, 0);
+  } else if (x.q8) {  // --sync q8_0: the blocks as blob::encode writes them
+    char* b = head + frame_head + frame_fields;
+    const size_t qb = q8_payload_bytes(n);
+    put_u64(head + 16, frame_fields + blob_head + qb);
+    std::vector<char> q(qb);
+    q8_pack(x.data.data(), n, q.data(), false);
+    b[0] = static_cast<char>((host_big_endian() ? 1 : 0) | 2);
+    const uint32_t nn = static_cast<uint32_t>(n);
+    const uint64_t h = XXH64(q.data(), qb, 0);
+    std::memcpy(b + 1, &nn, 4);
+    std::memcpy(b + 5, &h, 8);
+    ok = send_frame(peer, head, sizeof head, q.data(), qb, nullptr, 0);
+  } else {
+    // The blob's wire form as blob::encode writes it, without copying the floats.
+    char* b = head + frame_head + frame_fields;
+    b[0] = static_cast<char>(host_big_endian() ? 1 : 0);
+    const uint32_t nn = static_cast<uint32_t>(n);
+    const uint64_t h = XXH64(x.data.data(), n * sizeof(float), 0);
+    std::memcpy(b + 1, &nn, 4);
+    std::memcpy(b + 5, &h, 8);
+    ok = send_frame(peer, head, sizeof head, reinterpret_cast<const char*>(x.data.data()), n * sizeof(float),
+                    nullptr, 0);
+  }
+  if (ok && kind == kind_activation) ++act_sent_;
+  return ok;
+}
+
+bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial_sum& m) {
+  char f[frame_fields];
   put_u64(f, m.id.session);
   put_u32(f + 8, m.id.epoch);
   put_u32(f + 12, static_cast<uint32_t>(m.id.pos0));
@@ -559,30 +595,18 @@ bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial
   put_u32(f + 20, static_cast<uint32_t>(m.layer));
   put_u32(f + 24, static_cast<uint32_t>(m.phase));
   put_u32(f + 28, static_cast<uint32_t>(m.rank));
-  if (damaged)  // the damaged wire form verbatim (fault `corrupt`)
-    return send_frame(peer, head, frame_head + partial_fields, m.data.damaged_wire.data(), blob_len, nullptr, 0);
-  char* b = head + frame_head + partial_fields;
-  if (m.data.q8) {  // --sync q8_0: the blocks as blob::encode writes them
-    const size_t qb = q8_payload_bytes(n);
-    put_u64(head + 16, partial_fields + blob_head + qb);
-    std::vector<char> q(qb);
-    q8_pack(m.data.data.data(), n, q.data(), false);
-    b[0] = static_cast<char>((host_big_endian() ? 1 : 0) | 2);
-    const uint32_t nn = static_cast<uint32_t>(n);
-    const uint64_t h = XXH64(q.data(), qb, 0);
-    std::memcpy(b + 1, &nn, 4);
-    std::memcpy(b + 5, &h, 8);
-    return send_frame(peer, head, sizeof head, q.data(), qb, nullptr, 0);
-  }
-  // The blob's wire form as blob::encode writes it, without copying the floats.
+  return send_blob(peer, kind_partial_sum, dest, f, m.data);
+}
 
-  b[0] = static_cast<char>(host_big_endian() ? 1 : 0);
-  const uint32_t nn = static_cast<uint32_t>(n);
-  const uint64_t h = XXH64(m.data.data.data(), n * sizeof(float), 0);
-  std::memcpy(b + 1, &nn, 4);
-  std::memcpy(b + 5, &h, 8);
-  return send_frame(peer, head, sizeof head, reinterpret_cast<const char*>(m.data.data.data()), n * sizeof(float),
-                    nullptr, 0);
+bool data_plane::send(const std::string& peer, caf::actor_id dest, const activation& m) {
+  char f[frame_fields];
+  put_u64(f, m.id.session);
+  put_u32(f + 8, m.id.epoch);
+  put_u32(f + 12, static_cast<uint32_t>(m.id.pos0));
+  put_u32(f + 16, static_cast<uint32_t>(m.id.count));
+  put_u32(f + 20, static_cast<uint32_t>(m.replay_until));
+  put_u64(f + 24, static_cast<uint64_t>(m.compute_ns));
+  return send_blob(peer, kind_activation, dest, f, m.x);
 }
 
 void data_plane::deliver_local(uint64_t dest, partial_sum&& m) {
@@ -599,6 +623,17 @@ void data_plane::deliver_local(uint64_t dest, partial_sum&& m) {
   if (!to) return;  // an actor that is gone: dropped, as CAF would
   if (take && (*take)(m)) return;
   caf::anon_send(to, std::move(m));
+}
+
+void data_plane::deliver_local(uint64_t dest, activation&& m) {
+  caf::actor to;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = local_.find(dest);
+    if (it != local_.end()) to = caf::actor_cast<caf::actor>(it->second.addr);
+  }
+  if (!to) return;  // an actor that is gone: dropped, as CAF would
+  caf::anon_send(to, dp_act_atom::value, std::move(m));
 }
 
 void data_plane::accept_loop() {
@@ -672,28 +707,21 @@ void data_plane::read_loop(int fd) {
 
 bool data_plane::read_frame(int fd) {
   const bool host_big = host_big_endian();
-  char head[frame_head + partial_fields + blob_head];
+  char head[frame_head + frame_fields + blob_head];
   if (!read_full(fd, head, frame_head)) return false;
+  const uint8_t kind = static_cast<uint8_t>(head[4]);
   const uint64_t dest = get_u64(head + 8);
   const uint64_t body = get_u64(head + 16);
-  if (get_u32(head) != frame_magic || static_cast<uint8_t>(head[4]) != kind_partial_sum ||
-      body < partial_fields + blob_head || body > max_body) {
+  if (get_u32(head) != frame_magic || (kind != kind_partial_sum && kind != kind_activation) ||
+      body < frame_fields + blob_head || body > max_body) {
     ++refused_;
     return false;
   }
   char* f = head + frame_head;
-  if (!read_full(fd, f, partial_fields + blob_head)) return false;
-  partial_sum m;
-  m.id.session = get_u64(f);
-  m.id.epoch = get_u32(f + 8);
-  m.id.pos0 = static_cast<int32_t>(get_u32(f + 12));
-  m.id.count = static_cast<int32_t>(get_u32(f + 16));
-  m.layer = static_cast<int32_t>(get_u32(f + 20));
-  m.phase = static_cast<int32_t>(get_u32(f + 24));
-  m.rank = static_cast<int32_t>(get_u32(f + 28));
+  if (!read_full(fd, f, frame_fields + blob_head)) return false;
   // The blob as blob::decode reads it: the sender's byte order, the count,
   // the checksum of the payload as sent.
-  const char* b = f + partial_fields;
+  const char* b = f + frame_fields;
   const uint8_t flags = static_cast<uint8_t>(b[0]);
   const bool swap = ((flags & 1) != 0) != host_big;
   const bool q8 = (flags & 2) != 0;
@@ -706,40 +734,59 @@ bool data_plane::read_frame(int fd) {
     h = __builtin_bswap64(h);
   }
   const uint64_t payload = q8 ? q8_payload_bytes(n) : static_cast<uint64_t>(n) * 4;
-  if ((flags & ~3u) != 0 || body != partial_fields + blob_head + payload) {
+  if ((flags & ~3u) != 0 || body != frame_fields + blob_head + payload) {
     ++refused_;  // the frame's length disagrees with its blob: the stream cannot be trusted
     return false;
   }
+  blob x;
   if (q8) {  // --sync q8_0 blocks (blob::encode's flags bit 1)
     std::vector<char> q(payload);
     if (!read_full(fd, q.data(), q.size())) return false;
     if (XXH64(q.data(), q.size(), 0) != h) {
-      m.data.status = 1;
+      x.status = 1;
     } else {
-      m.data.data.resize(n);
-      q8_unpack(q.data(), n, m.data.data.data(), swap);
-      m.data.q8 = true;
+      x.data.resize(n);
+      q8_unpack(q.data(), n, x.data.data(), swap);
+      x.q8 = true;
     }
-    ++received_;
-    bytes_received_ += frame_head + body;
-    deliver_local(dest, std::move(m));
-    return true;
-  }
-  m.data.data.resize(n);
-  if (!read_full(fd, reinterpret_cast<char*>(m.data.data.data()), static_cast<size_t>(n) * 4)) return false;
-  if (XXH64(m.data.data.data(), static_cast<size_t>(n) * 4, 0) != h) {
-    m.data.data.clear();
-    m.data.status = 1;
-  } else if (swap) {
-    for (auto& x : m.data.data) {
-      uint32_t v;
-      std::memcpy(&v, &x, 4);
-      v = __builtin_bswap32(v);
-      std::memcpy(&x, &v, 4);
+  } else {
+    x.data.resize(n);
+    if (!read_full(fd, reinterpret_cast<char*>(x.data.data()), static_cast<size_t>(n) * 4)) return false;
+    if (XXH64(x.data.data(), static_cast<size_t>(n) * 4, 0) != h) {
+      x.data.clear();
+      x.status = 1;
+    } else if (swap) {
+      for (auto& v : x.data) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        u = __builtin_bswap32(u);
+        std::memcpy(&v, &u, 4);
+      }
     }
   }
   ++received_;
   bytes_received_ += frame_head + body;
+  step_id id;
+  id.session = get_u64(f);
+  id.epoch = get_u32(f + 8);
+  id.pos0 = static_cast<int32_t>(get_u32(f + 12));
+  id.count = static_cast<int32_t>(get_u32(f + 16));
+  if (kind == kind_activation) {
+    activation a;
+    a.id = id;
+    a.replay_until = static_cast<int32_t>(get_u32(f + 20));
+    a.compute_ns = static_cast<int64_t>(get_u64(f + 24));
+    a.x = std::move(x);
+    ++act_received_;
+    deliver_local(dest, std::move(a));
+    return true;
+  }
+  partial_sum m;
+  m.id = id;
+  m.layer = static_cast<int32_t>(get_u32(f + 20));
+  m.phase = static_cast<int32_t>(get_u32(f + 24));
+  m.rank = static_cast<int32_t>(get_u32(f + 28));
+  m.data = std::move(x);
   deliver_local(dest, std::move(m));
   return true;
 }

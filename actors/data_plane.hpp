@@ -1,6 +1,6 @@
 // actors/data_plane.hpp: a socket per pair of daemons carrying the tensor
-// reductions' partial sums as raw length-prefixed frames, beside CAF
-// (issue #19). CAF stays the control plane: the endpoint of a daemon's data
+// reductions' partial sums and the pipeline's activations (stage to stage)
+// as raw length-prefixed frames, beside CAF (issue #19). CAF stays the control plane: the endpoint of a daemon's data
 // plane (host, port, a random 64-bit key) is asked for with a CAF request
 // (dp_addr_atom) to one of its shards, the dialler proves it got the key that
 // way (its first 12 bytes), and everything else (wiring, steps, liveness,
@@ -23,6 +23,14 @@
 //   semantics are the same on both paths. A `--sync q8_0` partial sum
 //   (blob::q8) travels as blob::encode's q8_0 form too (flags bit 1, the
 //   blocks; protocol 8): 34 bytes per 32 floats instead of 128.
+// kind 2, activation (protocol 9): [u64 session][u32 epoch][i32 pos0]
+//   [i32 count][i32 replay_until][i64 compute_ns] then the blob as for kind
+//   1. No reply_to (a CAF actor handle cannot travel in a raw frame): it is
+//   delivered to the destination as (dp_act_atom, activation) with reply_to
+//   empty, and the shard takes reply_to from the CAF activation of the same
+//   (session, epoch), which a sender always sends first through CAF
+//   (actors/shard.cpp, send_data; the receiver holds a frame that overtakes
+//   it).
 //
 // Failure: a link whose socket fails (peer killed, reset) is closed; the
 // message that found it broken, and every later one, goes through CAF (whose
@@ -71,6 +79,10 @@ namespace cellshard::actors {
 /// (dp_addr) -> (std::string host, uint16_t port, uint64_t key): a shard's
 /// answer naming its process's data plane; an error when it has none.
 using dp_addr_atom = caf::atom_constant<caf::atom("cs_dpaddr")>;
+/// (dp_act, activation): an activation that came as a data-plane frame,
+/// delivered in process by the plane's reader (or a borrower's pump) to the
+/// frame's destination actor; its reply_to is empty (see kind 2 above).
+using dp_act_atom = caf::atom_constant<caf::atom("cs_dpact")>;
 
 struct data_endpoint {
   std::string host;
@@ -86,6 +98,7 @@ struct data_plane_stats {
   uint64_t links_failed = 0;       // sockets that broke (or never came up)
   uint64_t frames_refused = 0;     // malformed frames or wrong keys (connection closed)
   uint64_t lends = 0;              // readings lent to a borrower (lend() true)
+  uint64_t activations_sent = 0, activations_received = 0;  // kind 2 frames (within frames_*)
 };
 
 class data_plane {
@@ -130,6 +143,8 @@ public:
   /// process, e.g. to_string of its node_id) when its link is up. False when
   /// it is not (not asked yet, dialling, failed): send through CAF instead.
   bool send(const std::string& peer, caf::actor_id dest, const partial_sum& m);
+  /// The same for an activation (frame kind 2; m.reply_to is not sent).
+  bool send(const std::string& peer, caf::actor_id dest, const activation& m);
 
   /// True once per peer without a link (and again after a failure, up to 3
   /// times): the caller should ask the peer's endpoint (dp_addr_atom) and
@@ -175,6 +190,9 @@ private:
   void flush_loop(std::shared_ptr<link> l, data_endpoint ep);
   void fail(link& l);  // with l.mu held
   void deliver_local(uint64_t dest, partial_sum&& m);  // to the attached actor `dest`, if still there
+  void deliver_local(uint64_t dest, activation&& m);   // as (dp_act_atom, m), never to the sink
+  // One frame of `kind` whose 32 bytes of fields are `fields`, then blob `x`'s wire form.
+  bool send_blob(const std::string& peer, uint8_t kind, caf::actor_id dest, const char* fields, const blob& x);
   bool send_frame(const std::string& peer, const char* head, size_t head_len, const char* body2, size_t len2,
                   const char* body3, size_t len3);
 
@@ -198,7 +216,7 @@ private:
   };
   std::unordered_map<caf::actor_id, local_actor> local_;
   std::atomic<uint64_t> sent_{0}, received_{0}, bytes_sent_{0}, bytes_received_{0}, dropped_{0}, failed_{0},
-      refused_{0};
+      refused_{0}, act_sent_{0}, act_received_{0};
 };
 
 }  // namespace cellshard::actors

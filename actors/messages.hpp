@@ -436,7 +436,7 @@ void register_messages(caf::actor_system_config& cfg);
 // registered by register_messages() as well.
 
 /// Version of the protocol above; part of the cluster fingerprint.
-constexpr uint32_t node_protocol_version = 8;  // 2: fault plans in shard_spawn, daemon heartbeats;
+constexpr uint32_t node_protocol_version = 9;  // 2: fault plans in shard_spawn, daemon heartbeats;
                                                // 3: vocab slices (shard_spawn, logits_msg), GGUF matmul/ctx options;
                                                // 4: shard programs in wiring (issue #15);
                                                // 5: expert placement (issue #23): expert_req/expert_out,
@@ -451,6 +451,9 @@ constexpr uint32_t node_protocol_version = 8;  // 2: fault plans in shard_spawn,
                                                //    cache figures in node_report, ship_ns in shard_spawned
                                                // 8: --sync q8_0 (issue #19): sync in program_op, q8_0
                                                //    blobs (flags bit 1), q8_0 data-plane frames
+                                               // 9: activations as data-plane frames (kind 2, issue #19;
+                                               //    actors/data_plane.hpp), the first of each (session,
+                                               //    epoch) to a shard still through CAF
 
 /// What every member of a cluster must agree on, checked when a node joins.
 struct cluster_fingerprint {

@@ -35,6 +35,12 @@ struct node_state {
   /// of other daemons go over its sockets; null (in process, TLS, or
   /// CELLSHARD_DATA_PLANE=caf): everything through CAF.
   std::shared_ptr<data_plane> data;
+  /// Activations its shards received from other processes (counted by the
+  /// shards, logged by the daemon when a front end leaves): through CAF, as
+  /// data-plane frames, frames held for their epoch's CAF activation, and
+  /// held frames dropped (a newer epoch, a closed session, the bound).
+  std::atomic<uint64_t> activations_caf{0}, activations_frames{0}, activations_held{0},
+      activations_held_dropped{0};
 
   /// Charges `bytes`; false (and nothing charged) when the budget would be exceeded.
   bool try_charge(uint64_t bytes) {

@@ -98,10 +98,28 @@ uint64_t session_of(const partial_sum& m) { return m.id.session; }
 uint64_t session_of(const logits_msg& m) { return m.id.session; }
 uint64_t session_of(const kv_delta& m) { return m.session; }
 
-/// Other payloads than partial sums always take CAF.
+/// Other payloads than partial sums and activations always take CAF.
 template <class T>
 bool send_data(shard_actor*, const caf::actor&, const T&) {
   return false;
+}
+
+/// The data plane's name for `to`'s process (actors/data_plane.hpp).
+const std::string& dp_peer(shard_actor* self, const caf::actor& to) {
+  auto& names = self->state.peer_names;
+  auto it = names.find(to.node());
+  if (it == names.end()) it = names.emplace(to.node(), caf::to_string(to.node())).first;
+  return it->second;
+}
+
+/// Asks `to` for its daemon's data-plane endpoint when the plane wants it
+/// (once per peer without a link); the link comes up in the background.
+void ask_link(shard_actor* self, const caf::actor& to, const std::shared_ptr<data_plane>& dp,
+              const std::string& peer) {
+  if (dp->should_ask(peer))
+    self->request(to, std::chrono::seconds(2), dp_addr_atom::value)
+        .then([dp, peer](std::string& host, uint16_t port, uint64_t key) { dp->dial(peer, {host, port, key}); },
+              [dp, peer](caf::error&) { dp->ask_failed(peer); });
 }
 
 /// A partial sum to a shard of another daemon over the data plane
@@ -109,17 +127,30 @@ bool send_data(shard_actor*, const caf::actor&, const T&) {
 /// The first one to a daemon asks its endpoint (a CAF request to that shard)
 /// and the link comes up in the background.
 bool send_data(shard_actor* self, const caf::actor& to, const partial_sum& m) {
+  const auto& dp = self->state.init.node->data;
+  if (!dp || !to || to.node() == self->node()) return false;
+  const std::string& peer = dp_peer(self, to);
+  if (dp->send(peer, to.id(), m)) return true;
+  ask_link(self, to, dp, peer);
+  return false;
+}
+
+/// An activation to a shard of another daemon: as a data-plane frame (no
+/// reply_to) when the link is up and an activation of the same (session,
+/// epoch) already went to that shard through CAF; otherwise false (the
+/// caller sends it through CAF, with reply_to, and the receiver remembers
+/// reply_to for the frames of that epoch). Per destination: a broadcast (the
+/// embedding holder to a tensor group) sends each rank its own first one.
+bool send_data(shard_actor* self, const caf::actor& to, const activation& m) {
   auto& st = self->state;
   const auto& dp = st.init.node->data;
   if (!dp || !to || to.node() == self->node()) return false;
-  auto it = st.peer_names.find(to.node());
-  if (it == st.peer_names.end()) it = st.peer_names.emplace(to.node(), caf::to_string(to.node())).first;
-  const std::string& peer = it->second;
-  if (dp->send(peer, to.id(), m)) return true;
-  if (dp->should_ask(peer))
-    self->request(to, std::chrono::seconds(2), dp_addr_atom::value)
-        .then([dp, peer](std::string& host, uint16_t port, uint64_t key) { dp->dial(peer, {host, port, key}); },
-              [dp, peer](caf::error&) { dp->ask_failed(peer); });
+  const std::string& peer = dp_peer(self, to);
+  const uint64_t mark = uint64_t{m.id.epoch} + 1;
+  auto& last = st.act_via_caf[std::make_tuple(to.node(), to.id(), m.id.session)];
+  if (last == mark && dp->send(peer, to.id(), m)) return true;
+  last = mark;  // this one goes through CAF, carrying reply_to
+  ask_link(self, to, dp, peer);
   return false;
 }
 
@@ -1318,6 +1349,20 @@ void drop_session(shard_actor* self, uint64_t session) {
     else ++p;
   }
   st.last_due.erase(session);
+  st.act_reply.erase(session);
+  for (auto a = st.act_via_caf.begin(); a != st.act_via_caf.end();) {
+    if (std::get<2>(a->first) == session) a = st.act_via_caf.erase(a);
+    else ++a;
+  }
+  for (auto h = st.act_held.begin(); h != st.act_held.end();) {
+    if (h->id.session != session) {
+      ++h;
+      continue;
+    }
+    st.act_held_bytes -= payload_bytes(h->x);
+    ++st.init.node->activations_held_dropped;
+    h = st.act_held.erase(h);
+  }
   st.closed.insert(session);
   if (st.closed.size() > 4096) st.closed.erase(st.closed.begin());
 }
@@ -1388,6 +1433,68 @@ void expert_down(shard_actor* self, const caf::down_msg& dm) {
     for (auto& r : ss.moe_out)
       if (r.second.index == idx) again.push_back(r.first);
     for (uint32_t seq : again) redispatch(self, ss, seq);
+  }
+}
+
+/// Frames held for their epoch's CAF activation: at most this many, and
+/// this many payload bytes, per shard (beyond: dropped and counted; the
+/// session's deadline re-sends the step in a new epoch).
+constexpr size_t act_hold_max = 64;
+constexpr uint64_t act_hold_max_bytes = 64ull << 20;
+
+/// An activation in arrival order (one through CAF, or a data-plane frame
+/// given its epoch's reply_to): checked, admitted by the fault plan, started.
+void take_activation(shard_actor* self, activation& a) {
+  auto& st = self->state;
+  if (!a.x.ok()) {
+    report(self, a.reply_to, a.id,
+           "corrupt activation payload (checksum mismatch) received at placement index " +
+               std::to_string(st.init.index),
+           true);
+    return;
+  }
+  if (!st.faults->admit(a)) return;
+  start_step(self, a);
+}
+
+/// A CAF activation's reply_to, for the data-plane frames of its (session,
+/// epoch); true when that epoch is the newest of the session seen here.
+bool remember_reply(shard_actor* self, const activation& a) {
+  auto& st = self->state;
+  if (st.closed.count(a.id.session)) return false;
+  auto it = st.act_reply.find(a.id.session);
+  if (it != st.act_reply.end() && a.id.epoch < it->second.first) return false;
+  st.act_reply[a.id.session] = {a.id.epoch, a.reply_to};
+  return true;
+}
+
+/// After the CAF activation of (session, epoch): the frames of that epoch
+/// that overtook it run now, in arrival order; those of older epochs of the
+/// session are dropped (stale, as session_for would drop them).
+void release_held(shard_actor* self, uint64_t session, uint32_t epoch) {
+  auto& st = self->state;
+  if (st.act_held.empty()) return;
+  const auto reply = st.act_reply.find(session);
+  if (reply == st.act_reply.end()) return;
+  const caf::actor to = reply->second.second;
+  std::deque<activation> ready, keep;
+  for (auto& h : st.act_held) {
+    if (h.id.session != session || h.id.epoch > epoch) {
+      keep.push_back(std::move(h));
+      continue;
+    }
+    st.act_held_bytes -= payload_bytes(h.x);
+    if (h.id.epoch == epoch) ready.push_back(std::move(h));
+    else ++st.init.node->activations_held_dropped;
+  }
+  st.act_held.swap(keep);
+  for (auto& a : ready) {
+    if (st.faults->silent()) {  // a fault of the step before silenced the shard: lost, as on CAF
+      ++st.init.node->activations_held_dropped;
+      continue;
+    }
+    a.reply_to = to;
+    take_activation(self, a);
   }
 }
 
@@ -1476,16 +1583,45 @@ caf::behavior shard_behavior(shard_actor* self, shard_init init) {
         if (silent()) return;
         auto& st = self->state;
         if (!st.wired) return hold_until_wired(self, caf::make_message(std::move(a)));
-        if (self->current_sender() != self->ctrl()) st.bytes_received += payload_bytes(a.x);
-        if (!a.x.ok()) {
-          report(self, a.reply_to, a.id,
-                 "corrupt activation payload (checksum mismatch) received at placement index " +
-                     std::to_string(st.init.index),
-                 true);
+        const auto& from = self->current_sender();
+        if (from != self->ctrl()) st.bytes_received += payload_bytes(a.x);
+        if (from && from->node() != self->node()) ++st.init.node->activations_caf;
+        const uint64_t session = a.id.session;
+        const uint32_t epoch = a.id.epoch;
+        const bool newest = remember_reply(self, a);
+        take_activation(self, a);
+        if (newest) release_held(self, session, epoch);
+      },
+      // An activation that came as a data-plane frame (no reply_to): runs
+      // with its epoch's reply_to, or waits for the CAF activation that
+      // brings it (bounded).
+      [=](dp_act_atom, activation& a) {
+        if (silent()) return;
+        auto& st = self->state;
+        if (!st.wired) return hold_until_wired(self, caf::make_message(dp_act_atom::value, std::move(a)));
+        if (self->current_sender() != self->ctrl()) {
+          st.bytes_received += payload_bytes(a.x);
+          ++st.init.node->activations_frames;
+        }
+        if (st.closed.count(a.id.session)) return;
+        auto r = st.act_reply.find(a.id.session);
+        if (r != st.act_reply.end() && r->second.first == a.id.epoch) {
+          a.reply_to = r->second.second;
+          take_activation(self, a);
           return;
         }
-        if (!self->state.faults->admit(a)) return;
-        start_step(self, a);
+        auto ss = st.sessions.find(a.id.session);
+        if ((r != st.act_reply.end() && a.id.epoch < r->second.first) ||
+            (ss != st.sessions.end() && a.id.epoch < ss->second.epoch))
+          return;  // stale
+        const uint64_t bytes = payload_bytes(a.x);
+        if (st.act_held.size() >= act_hold_max || st.act_held_bytes + bytes > act_hold_max_bytes) {
+          ++st.init.node->activations_held_dropped;
+          return;
+        }
+        ++st.init.node->activations_held;
+        st.act_held_bytes += bytes;
+        st.act_held.push_back(std::move(a));
       },
       // A step a slow fault held back may run now (fault_env::admit).
       [=](resume_atom) {

@@ -243,6 +243,24 @@ struct shard_state {
   uint64_t bytes_sent = 0, bytes_received = 0;
   std::map<int32_t, uint64_t> link_bytes;  // by destination node
   std::map<caf::node_id, std::string> peer_names;  // data plane keys, by CAF node
+  // Activations over the data plane (actors/data_plane.hpp, frame kind 2):
+  // a frame carries no reply_to, so the first activation of each (session,
+  // epoch) to a shard goes through CAF and the later ones may take the frame.
+  // Sender: (destination's node, its actor id, session) -> 1 + the epoch of
+  // the last activation sent there through CAF (0: none). The node is part of
+  // the key: actor ids are per process, and daemons with the same history
+  // give their shards the same ids (keyed by id alone, rank 1's CAF
+  // activation counted for ranks 2 and 3, which then never learnt reply_to).
+  std::map<std::tuple<caf::node_id, caf::actor_id, uint64_t>, uint64_t> act_via_caf;
+  // Receiver: by session, the epoch and reply_to of its newest activation
+  // that came through CAF; a frame of that epoch takes this reply_to.
+  std::unordered_map<uint64_t, std::pair<uint32_t, caf::actor>> act_reply;
+  // Frames that overtook their epoch's CAF activation (the two channels are
+  // not ordered): run in arrival order once it comes; dropped when a newer
+  // epoch's comes, the session closes, or beyond act_hold_max (the session's
+  // deadline re-sends the step in a new epoch, as for a lost message).
+  std::deque<activation> act_held;
+  uint64_t act_held_bytes = 0;
   std::shared_ptr<fused_router> fused = std::make_shared<fused_router>();
   std::map<uint64_t, int64_t> last_due;    // by session: arrival (steady ns) of its last payload sent
   std::set<std::pair<uint64_t, int32_t>> classifying;  // (session, pos0) of classifier jobs in flight

@@ -9,6 +9,9 @@
 //                    same two processes
 //   net.hop_data_plane the same hop over the data plane (actors/data_plane.hpp)
 //                    vs the same raw TCP baseline (issue #19 goal: <= 2x)
+//   net.hop_activation, net.hop_activation_data_plane  the same bytes as an
+//                    activation (stage to stage) through CAF (with its
+//                    reply_to handle) and as a data-plane frame (kind 2)
 //   net.hop_local    the same request to an actor of this process (CAF's
 //                    scheduler and mailboxes alone), vs the same baseline
 //   net.tpot         time per output token over 1, 2, 4, 8 daemon processes
@@ -57,6 +60,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
+#include <type_traits>
 #include <unistd.h>
 
 namespace cellshard::tools {
@@ -207,16 +211,33 @@ std::vector<double> framed_rtts(int s, size_t bytes, int n) {
   return out;
 }
 
-/// Round trips (us) of `n` sequential partial_sum requests of `floats`
-/// floats from an event-based actor to `echo` (which returns the message).
+/// The two payload messages of the hop rows: a partial sum (the tensor
+/// reductions') and an activation (stage to stage; through CAF it carries the
+/// session's handle, as in a run).
+actors::blob& payload_blob(actors::partial_sum& m) { return m.data; }
+actors::blob& payload_blob(actors::activation& m) { return m.x; }
+template <class Msg>
+Msg payload_msg(size_t floats, const caf::actor& reply_to) {
+  Msg m;
+  payload_blob(m).data.assign(floats, 0.5f);
+  if constexpr (std::is_same<Msg, actors::activation>::value) {
+    m.id.count = 1;
+    m.reply_to = reply_to;
+  }
+  (void)reply_to;
+  return m;
+}
+
+/// Round trips (us) of `n` sequential `Msg` requests of `floats` floats
+/// from an event-based actor to `echo` (which returns the message).
+template <class Msg>
 std::vector<double> caf_payload_rtts(caf::actor_system& sys, const caf::actor& echo, size_t floats, int n) {
   auto done = std::make_shared<std::promise<std::vector<double>>>();
   auto fut = done->get_future();
   sys.spawn([echo, n, floats, done](caf::event_based_actor* self) {
     auto samples = std::make_shared<std::vector<double>>();
     auto step = std::make_shared<std::function<void()>>();
-    auto msg = std::make_shared<actors::partial_sum>();
-    msg->data.data.assign(floats, 0.5f);
+    auto msg = std::make_shared<Msg>(payload_msg<Msg>(floats, caf::actor_cast<caf::actor>(self)));
     *step = [=] {
       if (static_cast<int>(samples->size()) >= n) {
         done->set_value(*samples);
@@ -226,8 +247,8 @@ std::vector<double> caf_payload_rtts(caf::actor_system& sys, const caf::actor& e
       const auto t0 = clk::now();
       self->request(echo, std::chrono::seconds(10), *msg)
           .then(
-              [=](actors::partial_sum& back) {
-                if (back.data.data.size() != floats || !back.data.ok()) {
+              [=](Msg& back) {
+                if (payload_blob(back).data.size() != floats || !payload_blob(back).ok()) {
                   done->set_value({});
                   self->quit();
                   return;
@@ -247,9 +268,11 @@ std::vector<double> caf_payload_rtts(caf::actor_system& sys, const caf::actor& e
   return fut.get();
 }
 
-/// Round trips (us) of `n` sequential partial_sums of `floats` floats from
-/// an actor of this process over the data plane `dp` (link "echo" up) to the
-/// echo actor `echo_id`, which sends each back over its own data plane.
+/// Round trips (us) of `n` sequential `Msg`s of `floats` floats from an
+/// actor of this process over the data plane `dp` (link "echo" up) to the
+/// echo actor `echo_id`, which sends each back over its own data plane (an
+/// activation arrives as (dp_act_atom, activation), as at a shard).
+template <class Msg>
 std::vector<double> data_payload_rtts(caf::actor_system& sys, const std::shared_ptr<actors::data_plane>& dp,
                                       const caf::actor& echo, size_t floats, int n) {
   const caf::actor_id echo_id = echo.id();
@@ -257,8 +280,7 @@ std::vector<double> data_payload_rtts(caf::actor_system& sys, const std::shared_
   auto fut = done->get_future();
   auto ping = sys.spawn([dp, echo_id, n, floats, done](caf::event_based_actor* self) -> caf::behavior {
     auto samples = std::make_shared<std::vector<double>>();
-    auto msg = std::make_shared<actors::partial_sum>();
-    msg->data.data.assign(floats, 0.5f);
+    auto msg = std::make_shared<Msg>(payload_msg<Msg>(floats, caf::actor{}));
     auto t0 = std::make_shared<clk::time_point>();
     auto fire = [=] {
       *t0 = clk::now();
@@ -267,21 +289,27 @@ std::vector<double> data_payload_rtts(caf::actor_system& sys, const std::shared_
         self->quit();
       }
     };
+    auto back = [=](Msg& m) {
+      if (payload_blob(m).data.size() != floats || !payload_blob(m).ok()) {
+        done->set_value({});
+        self->quit();
+        return;
+      }
+      samples->push_back(std::chrono::duration<double, std::micro>(clk::now() - *t0).count());
+      if (static_cast<int>(samples->size()) >= n) {
+        done->set_value(*samples);
+        self->quit();
+        return;
+      }
+      fire();
+    };
     return {
         [=](caf::ok_atom) { fire(); },
-        [=](actors::partial_sum& back) {
-          if (back.data.data.size() != floats || !back.data.ok()) {
-            done->set_value({});
-            self->quit();
-            return;
-          }
-          samples->push_back(std::chrono::duration<double, std::micro>(clk::now() - *t0).count());
-          if (static_cast<int>(samples->size()) >= n) {
-            done->set_value(*samples);
-            self->quit();
-            return;
-          }
-          fire();
+        [=](actors::partial_sum& m) {
+          if constexpr (std::is_same<Msg, actors::partial_sum>::value) back(m);
+        },
+        [=](actors::dp_act_atom, actors::activation& m) {
+          if constexpr (std::is_same<Msg, actors::activation>::value) back(m);
         },
         caf::after(std::chrono::seconds(10)) >> [=] {
           done->set_value(*samples);
@@ -372,6 +400,10 @@ int run_net_echo(const std::string& idle, int caf_threads, int deadline_s) {
               if (self->current_sender() || !dp) return std::move(x);
               dp->send("bench", reply_id->load(), x);
               return caf::make_error(caf::sec::request_timeout);  // no one asked: nothing is sent
+            },
+            [=](actors::activation& x) { return std::move(x); },
+            [=](actors::dp_act_atom, actors::activation& x) {
+              if (dp) dp->send("bench", reply_id->load(), x);
             },
             [=](actors::dp_addr_atom) -> caf::result<std::string, uint16_t, uint64_t> {
               if (!dp) return caf::make_error(caf::sec::invalid_argument, "no data plane");
@@ -484,9 +516,10 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
   for (size_t bytes : sizes) {
     const int n = std::max(20, static_cast<int>(pings * std::min<double>(1.0, 4096.0 / bytes)));
     std::vector<double> ratios, raw_all, caf_all, dp_ratios, dp_all;
+    std::vector<double> act_caf_ratios, act_caf_all, act_dp_ratios, act_dp_all;
     for (int r = 0; r < rounds; ++r) {
       auto raw = framed_rtts(s, bytes, n);
-      auto viacaf = caf_payload_rtts(sys, *echo, bytes / sizeof(float), n);
+      auto viacaf = caf_payload_rtts<actors::partial_sum>(sys, *echo, bytes / sizeof(float), n);
       if (raw.empty() || viacaf.empty()) throw cli_error("bench net: a payload round trip failed");
       const double mr = median(raw), mc = median(viacaf);
       ratios.push_back(mc / mr);
@@ -495,13 +528,32 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
       std::fprintf(stderr, "payload %zu B, round %d: CAF hop %.1f us, raw TCP %.1f us (half round trips), x%.2f\n",
                    bytes, r + 1, mc / 2, mr / 2, mc / mr);
       if (dp) {
-        auto viadp = data_payload_rtts(sys, dp, *echo, bytes / sizeof(float), n);
+        auto viadp = data_payload_rtts<actors::partial_sum>(sys, dp, *echo, bytes / sizeof(float), n);
         if (viadp.size() != static_cast<size_t>(n)) throw cli_error("bench net: a data-plane round trip failed");
         const double md = median(viadp);
         dp_ratios.push_back(md / mr);
         dp_all.push_back(md / 2);
         std::fprintf(stderr, "payload %zu B, round %d: data-plane hop %.1f us, x%.2f raw TCP\n", bytes, r + 1,
                      md / 2, md / mr);
+      }
+      // The same bytes as an activation (stage to stage): through CAF with
+      // the session's handle, and as a data-plane frame (kind 2).
+      auto act_caf = caf_payload_rtts<actors::activation>(sys, *echo, bytes / sizeof(float), n);
+      if (act_caf.size() != static_cast<size_t>(n)) throw cli_error("bench net: an activation round trip failed");
+      const double ma = median(act_caf);
+      act_caf_ratios.push_back(ma / mr);
+      act_caf_all.push_back(ma / 2);
+      std::fprintf(stderr, "payload %zu B, round %d: activation CAF hop %.1f us, x%.2f raw TCP\n", bytes, r + 1,
+                   ma / 2, ma / mr);
+      if (dp) {
+        auto act_dp = data_payload_rtts<actors::activation>(sys, dp, *echo, bytes / sizeof(float), n);
+        if (act_dp.size() != static_cast<size_t>(n))
+          throw cli_error("bench net: an activation data-plane round trip failed");
+        const double md = median(act_dp);
+        act_dp_ratios.push_back(md / mr);
+        act_dp_all.push_back(md / 2);
+        std::fprintf(stderr, "payload %zu B, round %d: activation data-plane hop %.1f us, x%.2f raw TCP\n", bytes,
+                     r + 1, md / 2, md / mr);
       }
     }
     const std::string sz = bytes >= (1u << 20) ? std::to_string(bytes >> 20) + " MiB"
@@ -530,6 +582,19 @@ void payload_rows(const std::vector<size_t>& sizes, int pings, int rounds, const
                       median(dp_all), "us", median(raw_all),
                       "half a raw TCP round trip of the same bytes between the same two processes, same run",
                       median(dp_ratios)});
+    rows.push_back({"net.hop_activation",
+                    {{"payload", sz}, {"pings", std::to_string(n)}, {"rounds", std::to_string(rounds)},
+                     {"idle", idle.empty() ? "default" : idle}, {"path", "caf"}},
+                    median(act_caf_all), "us", median(raw_all),
+                    "half a raw TCP round trip of the same bytes between the same two processes, same run",
+                    median(act_caf_ratios)});
+    if (dp)
+      rows.push_back({"net.hop_activation_data_plane",
+                      {{"payload", sz}, {"pings", std::to_string(n)}, {"rounds", std::to_string(rounds)},
+                       {"idle", idle.empty() ? "default" : idle}, {"goal", "<= 2x"}},
+                      median(act_dp_all), "us", median(raw_all),
+                      "half a raw TCP round trip of the same bytes between the same two processes, same run",
+                      median(act_dp_ratios)});
   }
   ::close(s);
   caf::anon_send_exit(*echo, caf::exit_reason::user_shutdown);

@@ -10,6 +10,10 @@
 // message of an older epoch is dropped; the step re-sent in the new epoch
 // and the steps after it give logits bit-identical to a run without the
 // fault, and the restored shard checkpoints on from where its chain ended.
+// Activations that came as data-plane frames (no reply_to) wait for their
+// epoch's CAF activation, run in order after it, and are dropped when stale,
+// beyond the bound, or superseded by a newer epoch (issue #19).
+#include "actors/data_plane.hpp"
 #include "actors/messages.hpp"
 #include "actors/node.hpp"
 #include "actors/recovery.hpp"
@@ -50,7 +54,13 @@ struct observed {
   std::vector<std::string> errors;
   std::vector<int32_t> restored;                  // restore answers (-1: an error)
   std::vector<int> replayed;                      // replay answers (1, 0; -1: an error)
+  std::vector<actors::activation> taps;           // stage 0's outputs (pipeline_fixture's tap)
 };
+
+/// Stands in for stage 1 as stage 0's next stage: keeps what it is sent.
+caf::behavior tap_stub(caf::event_based_actor*, std::shared_ptr<observed> out) {
+  return {[out](actors::activation& a) { out->taps.push_back(std::move(a)); }};
+}
 
 caf::behavior session_stub(caf::event_based_actor* self, std::shared_ptr<observed> out) {
   return {
@@ -85,8 +95,9 @@ struct pipeline_fixture {
   std::vector<caf::actor> shards;
   std::shared_ptr<observed> out = std::make_shared<observed>();
   caf::actor session;
+  caf::actor tap;  // when given: stage 0 sends its outputs here, not to stage 1
 
-  explicit pipeline_fixture(const std::string& path) {
+  explicit pipeline_fixture(const std::string& path, bool with_tap = false) {
     cfg.set("scheduler.policy", caf::atom("testing"));
     sys = std::make_unique<caf::actor_system>(cfg);
     sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
@@ -105,12 +116,14 @@ struct pipeline_fixture {
       nodes.push_back(ns);
     }
     session = sys->spawn(session_stub, out);
+    if (with_tap) tap = sys->spawn(tap_stub, out);
     shards = {spawn(0, false), spawn(1, false)};
     wire();
   }
   ~pipeline_fixture() {
     for (auto& a : shards) caf::anon_send_exit(a, caf::exit_reason::kill);
     caf::anon_send_exit(session, caf::exit_reason::kill);
+    if (tap) caf::anon_send_exit(tap, caf::exit_reason::kill);
     sched->run();
   }
 
@@ -150,7 +163,8 @@ struct pipeline_fixture {
     const std::vector<int> node_of = {plan.shards[0].node, plan.shards[1].node};
     for (int i = 0; i < 2; ++i)
       caf::anon_send(shards[static_cast<size_t>(i)], actors::wire_atom::value,
-                     actors::wiring_of(plan, node_of, shards, i));
+                     actors::wiring_of(plan, node_of, i == 0 && tap ? std::vector<caf::actor>{shards[0], tap} : shards,
+                                       i));
     sched->run();
   }
   /// The session's step: tokens of positions [pos0, pos0 + count) to stage 0.
@@ -274,4 +288,84 @@ TEST_CASE("shard protocol: restore, replay from the upstream log, epochs and the
   for (auto& d : f.out->deltas)
     if (d.index == 1) after.emplace_back(d.begin, d.end);
   CHECK(after == std::vector<std::pair<int32_t, int32_t>>{{9, 11}});
+}
+
+TEST_CASE("shard protocol: activation frames wait for their epoch's CAF activation, then run in order",
+          "[shard_protocol][data_plane]") {
+  const std::string path = test::shared_file("models/stories260K.bin");
+  if (path.empty()) return;
+  std::map<int32_t, std::vector<float>> reference;
+  {
+    pipeline_fixture ref(path);
+    for (auto [pos0, count] : steps) ref.step(0, pos0, count);
+    REQUIRE(ref.out->errors.empty());
+    reference = ref.out->logits;
+  }
+  // Stage 0's output of every step, as it would go to stage 1; stage 1 is
+  // then driven by hand as the two channels could deliver them.
+  pipeline_fixture f(path, true);
+  for (auto [pos0, count] : steps) f.step(0, pos0, count);
+  REQUIRE(f.out->errors.empty());
+  REQUIRE(f.out->taps.size() == steps.size());
+  const auto taps = f.out->taps;
+  CHECK(f.out->logits.empty());
+  auto& node1 = *f.nodes[static_cast<size_t>(f.plan.shards[1].node)];
+  auto frame = [&](actors::activation a, uint32_t epoch) {  // as the data plane delivers one
+    a.id.epoch = epoch;
+    a.reply_to = caf::actor{};
+    caf::anon_send(f.shards[1], actors::dp_act_atom::value, std::move(a));
+    f.sched->run();
+  };
+  auto through_caf = [&](actors::activation a, uint32_t epoch) {
+    a.id.epoch = epoch;
+    caf::anon_send(f.shards[1], std::move(a));
+    f.sched->run();
+  };
+
+  // The prompt's batch as a frame that overtook the epoch's first (CAF)
+  // activation: it waits; then both run, the CAF one first.
+  frame(taps[1], 0);
+  CHECK(f.out->logits.empty());
+  CHECK(f.out->errors.empty());
+  CHECK(node1.activations_held == 1);
+  through_caf(taps[0], 0);
+  CHECK(f.out->logits_order == std::vector<int32_t>{0, 1});
+  // A later frame of the epoch runs at once, with the epoch's reply_to.
+  frame(taps[2], 0);
+  CHECK(f.out->logits_order == std::vector<int32_t>{0, 1, 7});
+
+  // A new epoch (a re-sent step): its frame waits for its CAF activation,
+  // which runs first; a frame of the older epoch is stale afterwards.
+  frame(taps[4], 1);
+  CHECK(f.out->logits_order.size() == 3);
+  through_caf(taps[3], 1);
+  CHECK(f.out->logits_order == std::vector<int32_t>{0, 1, 7, 8, 9});
+  frame(taps[5], 0);
+  CHECK(f.out->logits_order.size() == 5);
+
+  // Frames of an epoch whose CAF activation never comes: 64 held, the rest
+  // dropped and counted; the held ones are dropped when a newer epoch's comes.
+  for (int i = 0; i < 70; ++i) frame(taps[5], 2);
+  CHECK(node1.activations_held_dropped == 6);
+  through_caf(taps[5], 3);
+  CHECK(node1.activations_held_dropped == 70);
+  CHECK(f.out->logits_order == std::vector<int32_t>{0, 1, 7, 8, 9, 10});
+  REQUIRE(f.out->errors.empty());
+  for (int32_t pos0 : {0, 1, 7, 8, 9, 10}) CHECK(f.out->logits.at(pos0) == reference.at(pos0));
+
+  // A frame that failed its checksum is reported to the epoch's reply_to, as
+  // a corrupt payload that came through CAF (the session re-sends the step).
+  actors::activation bad = taps[6];
+  bad.x.data.clear();
+  bad.x.status = 1;
+  frame(bad, 3);
+  REQUIRE(f.out->errors.size() == 1);
+  CHECK_THAT(f.out->errors[0], Catch::Contains("corrupt activation payload"));
+  // The step itself, then a closed session's frames are dropped.
+  frame(taps[6], 3);
+  CHECK(f.out->logits.at(11) == reference.at(11));
+  caf::anon_send(f.shards[1], actors::close_atom::value, session_id);
+  f.sched->run();
+  frame(taps[6], 4);
+  CHECK(f.out->logits_order.size() == 7);
 }

@@ -272,6 +272,33 @@ std::vector<size_t> fixture_text_offsets(const std::string& ids_file, const std:
   return offsets;
 }
 
+activation_counts activation_counts_of(const std::string& log) {
+  activation_counts c;
+  const std::string key = "activations received from other processes: ";
+  const size_t at = log.rfind(key);
+  if (at == std::string::npos) return c;
+  const std::string line = log.substr(at + key.size(), log.find('\n', at) - at - key.size());
+  unsigned long long fr = 0, cf = 0, hd = 0, dr = 0;
+  if (std::sscanf(line.c_str(), "%llu as data-plane frames, %llu through CAF; %llu frames held for their CAF "
+                  "activation, %llu dropped", &fr, &cf, &hd, &dr) != 4)
+    return c;
+  c.found = true;
+  c.frames = fr;
+  c.via_caf = cf;
+  c.held = hd;
+  c.held_dropped = dr;
+  const size_t s = line.find("frames sent ");
+  if (s != std::string::npos) {
+    unsigned long long fs = 0, as = 0, frr = 0, ar = 0;
+    if (std::sscanf(line.c_str() + s, "frames sent %llu (%llu activations), received %llu (%llu activations)", &fs,
+                    &as, &frr, &ar) == 4) {
+      c.sent = as;
+      c.received = ar;
+    }
+  }
+  return c;
+}
+
 daemon_report query_daemon(uint16_t port, double deadline_s) {
   daemon_report out;
   const auto deadline = std::chrono::milliseconds(static_cast<long>(deadline_s * 1000));

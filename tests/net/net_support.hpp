@@ -132,6 +132,16 @@ struct daemon_report {
 /// bounded by `deadline_s`).
 daemon_report query_daemon(uint16_t port, double deadline_s = 5);
 
+/// A daemon's activation counters, from the last line it logged when a front
+/// end left ("activations received from other processes: ..."; all zero and
+/// found == false when there is none yet).
+struct activation_counts {
+  bool found = false;
+  uint64_t frames = 0, via_caf = 0, held = 0, held_dropped = 0;
+  uint64_t sent = 0, received = 0;  // data-plane activation frames (0 without a data plane)
+};
+activation_counts activation_counts_of(const std::string& daemon_log);
+
 /// A TCP port on 127.0.0.1 where nothing listens (bound, then closed).
 uint16_t closed_port();
 

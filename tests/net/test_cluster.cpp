@@ -10,6 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <chrono>
+#include <poll.h>
 #include <memory>
 
 using namespace cellshard;
@@ -86,6 +89,21 @@ TEST_CASE("every fixture over 4 node processes: pipeline, tensor, hybrid:2x2", "
     CHECK(log.find("ended (CAF carries") == std::string::npos);
     // Its fused jobs read the sockets themselves (the default lend).
     CHECK_THAT(log, Catch::Contains("data plane: reading lent"));
+  }
+  // Activations (stage to stage, and the embedding to a tensor group) went
+  // as data-plane frames too: only the first of each (session, epoch) to a
+  // shard through CAF. Node 0 holds the embedding in every topology and
+  // receives none; the others' counters are logged once the last front end
+  // is gone (after that line the daemon reports no shards).
+  for (size_t i = 1; i < c.nodes.size(); ++i) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (test::query_daemon(c.ports[i], 3).shards != 0 && std::chrono::steady_clock::now() < until)
+      ::poll(nullptr, 0, 100);  // polling interval, bounded by the deadline
+    const auto a = test::activation_counts_of(c.nodes[i]->log());
+    INFO("node " << i << ": " << c.nodes[i]->log());
+    REQUIRE(a.found);
+    CHECK(a.frames > 10 * a.via_caf);
+    CHECK(a.held_dropped == 0);
   }
   // The placement printed by the front end names the daemons' node indices.
   const std::string file = c.dir + "/cluster.json";
@@ -291,7 +309,19 @@ TEST_CASE("the front end forwards no activation bytes between stages", "[net][tr
     }
   }
   SECTION("control: without direct links CAF relays through the front end, and the count shows it") {
-    auto t = generate_and_count(c, "pipeline", false, steps);
+    // Activations take the daemons' data plane (its own sockets, daemon to
+    // daemon) since protocol 9; the control switches it off in the daemons
+    // so that they go through CAF, which then relays them.
+    struct env_guard {
+      env_guard() { ::setenv("CELLSHARD_DATA_PLANE", "caf", 1); }
+      ~env_guard() { ::unsetenv("CELLSHARD_DATA_PLANE"); }
+    };
+    std::unique_ptr<four_nodes> cafonly;
+    {
+      env_guard g;
+      cafonly = std::make_unique<four_nodes>("net-traffic-caf");
+    }
+    auto t = generate_and_count(*cafonly, "pipeline", false, steps);
     CHECK(t.ids == expected);
     WARN("relayed pipeline: front end sent " << t.sent_during[0].sent << ", " << t.sent_during[1].sent << ", "
                                              << t.sent_during[2].sent << ", " << t.sent_during[3].sent

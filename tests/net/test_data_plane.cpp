@@ -145,6 +145,78 @@ TEST_CASE("data plane: partial sums between two planes keep their fields, checks
   CHECK(next(rx).data.status == 1);
 }
 
+// Frame kind 2 (protocol 9): an activation keeps its step id, replay_until
+// and compute_ns, arrives as (dp_act_atom, activation) without reply_to, and
+// has the blob's checksum and byte-order semantics; frames of both kinds
+// share a link in order.
+TEST_CASE("data plane: activations keep their fields, checksum and byte order, without reply_to",
+          "[net][data_plane]") {
+  caf::actor_system sys{config()};
+  auto a = data_plane::start("127.0.0.1");
+  auto b = data_plane::start("127.0.0.1");
+  REQUIRE(a);
+  REQUIRE(b);
+  caf::scoped_actor rx{sys};
+  const auto rx_handle = caf::actor_cast<caf::actor>(rx);
+  (*b)->attach(rx_handle);
+  const std::string peer = "node-b";
+  REQUIRE((*a)->should_ask(peer));
+  (*a)->dial(peer, (*b)->endpoint());
+  REQUIRE((*a)->wait_up(peer, 5000ms));
+  auto next_act = [&] {
+    activation got;
+    bool arrived = false;
+    rx->receive([&](dp_act_atom, activation& x) { got = std::move(x); arrived = true; },
+                caf::after(std::chrono::seconds(5)) >> [] {});
+    REQUIRE(arrived);
+    return got;
+  };
+  activation m;
+  m.id = step_id{91, 4, 17, 3};
+  m.compute_ns = 1234567890123;
+  m.replay_until = 2;
+  m.reply_to = rx_handle;  // not sent
+  for (int i = 0; i < 3 * 64; ++i) m.x.data.push_back(0.5f * static_cast<float>(i) - 7.0f);
+  REQUIRE((*a)->send(peer, rx_handle.id(), m));
+  auto got = next_act();
+  CHECK(got.id.session == 91);
+  CHECK(got.id.epoch == 4);
+  CHECK(got.id.pos0 == 17);
+  CHECK(got.id.count == 3);
+  CHECK(got.compute_ns == 1234567890123);
+  CHECK(got.replay_until == 2);
+  CHECK_FALSE(got.reply_to);
+  REQUIRE(got.x.ok());
+  CHECK(got.x.data == m.x.data);
+
+  // Not a replay (-1) survives the unsigned field; a damaged wire form
+  // arrives marked; a sender of the other byte order is converted.
+  activation plain = m;
+  plain.replay_until = -1;
+  plain.x.damaged_wire = plain.x.encode();
+  plain.x.damaged_wire[13 + 100] ^= 0x04;
+  REQUIRE((*a)->send(peer, rx_handle.id(), plain));
+  auto got_bad = next_act();
+  CHECK(got_bad.replay_until == -1);
+  CHECK_FALSE(got_bad.x.ok());
+  activation other = m;
+  other.x.damaged_wire = other.x.encode_swapped();
+  REQUIRE((*a)->send(peer, rx_handle.id(), other));
+  auto got_other = next_act();
+  REQUIRE(got_other.x.ok());
+  CHECK(got_other.x.data == m.x.data);
+
+  // A partial sum and an activation on the same link, in order.
+  REQUIRE((*a)->send(peer, rx_handle.id(), sample(10)));
+  REQUIRE((*a)->send(peer, rx_handle.id(), m));
+  CHECK(next(rx).data.data == sample(10).data.data);
+  CHECK(next_act().x.data == m.x.data);
+  CHECK((*a)->stats().activations_sent == 4);
+  CHECK((*b)->stats().activations_received == 4);
+  CHECK((*b)->stats().frames_received == 5);
+  CHECK((*b)->stats().frames_refused == 0);
+}
+
 TEST_CASE("data plane: a connection without the key is refused", "[net][data_plane]") {
   auto b = data_plane::start("127.0.0.1");
   REQUIRE(b);

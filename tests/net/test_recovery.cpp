@@ -788,3 +788,70 @@ TEST_CASE("tensor over daemons with the data plane: a rank killed, frozen or fau
     }
   }
 }
+
+// Issue #19: a pipeline's activations (stage to stage) go daemon to daemon as
+// data-plane frames; the first of each (session, epoch) to a shard still
+// through CAF, bringing the session's handle. With no fault nearly every
+// activation arrives as a frame (counted by the daemons); with a stage's
+// daemon SIGKILLed or SIGSTOPped, or an injected crash, silence or corrupt
+// fault, the recovery's new epochs, replays and re-sent steps take the same
+// path and the output is the fixture's.
+TEST_CASE("pipeline over daemons: activations on the data plane, a stage killed, frozen or faulted, output identical",
+          "[net][recovery][data_plane]") {
+  if (!test::have_shared()) return;
+  const fixture f = load_fixture("greedy_bos_n200");
+  for (const std::string kind : {"none", "kill", "freeze", "crash", "silence", "corrupt"}) {
+    DYNAMIC_SECTION(kind) {
+      daemons d("recovery-act-" + kind, 4);  // a 3-stage pipeline and a spare
+      const std::string cluster = test::write_cluster_entries(d.dir + "/cluster.json", d.entries(1));
+      const std::string json = d.dir + "/run.json";
+      std::vector<std::string> more;
+      if (kind == "kill" || kind == "freeze") more = {"--fault", "slow:node=1:step=0:ms=20"};
+      if (kind == "crash" || kind == "silence") more = {"--fault", kind + ":node=1:step=30"};
+      if (kind == "corrupt") more = {"--fault", "corrupt:node=0:step=30:n=3"};
+      test::front_end_process fe(run_args(f, cluster, json, more));
+      REQUIRE(fe.started());
+      if (kind == "kill" || kind == "freeze") {
+        const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+        INFO(describe(fe, d));
+        REQUIRE(reached);
+        REQUIRE(placement_nodes(fe.err())[1] == 1);  // stage 1 on node 1
+        if (kind == "kill") d[1].signal(SIGKILL);
+        else d[1].freeze();
+      }
+      const int status = fe.wait(run_deadline_s);
+      if (kind == "freeze") d[1].thaw();
+      INFO(describe(fe, d));
+      CHECK(status == 0);
+      CHECK(fe.out() == f.text);
+      const auto j = read_json(json);
+      INFO("json: " << j.dump(1));
+      CHECK(j.value("diverged", true) == false);
+      // Each live daemon logs its counters once the front end is gone (its
+      // shards stopped: the daemon's stats say 0 shards after that line).
+      test::activation_counts sum;
+      for (size_t i = 0; i < 4; ++i) {
+        if (kind == "kill" && i == 1) continue;
+        wait_for_shards(d[i].port(), 0, 20);
+        const auto c = test::activation_counts_of(d[i].log());
+        INFO("daemon " << i << ":\n" << d[i].log());
+        CHECK(c.found);
+        sum.frames += c.frames;
+        sum.via_caf += c.via_caf;
+        sum.held += c.held;
+        sum.held_dropped += c.held_dropped;
+        sum.sent += c.sent;
+      }
+      WARN(kind << ": activations from other processes " << sum.frames << " as frames, " << sum.via_caf
+                << " through CAF; held " << sum.held << ", dropped " << sum.held_dropped);
+      // 199 steps after the first cross two daemon boundaries each.
+      CHECK(sum.frames >= 300);
+      if (kind != "kill") CHECK(sum.sent >= sum.frames);  // (a killed daemon's own count is gone)
+      if (kind == "none") {
+        CHECK(sum.via_caf == 2);  // the first of epoch 0 to stages 1 and 2
+        CHECK(sum.frames >= 2 * 190);
+        CHECK(sum.held_dropped == 0);
+      }
+    }
+  }
+}
