@@ -432,7 +432,9 @@ struct fused_job {
 /// Runs (or resumes) a fused job on the worker. While it waits for its
 /// peers' partials with another job queued behind it on the worker (another
 /// session's step), it yields: after its own compute's time and fused_yield
-/// more it goes to the back of the queue, so that job runs now. Two ranks that took
+/// more it lets the first queued job run, then resumes (compute_worker::
+/// post_next). Going to the back of the queue instead made convoys: every
+/// yield reordered the rank's sessions again, and 1-3 s stalls followed. Two ranks that took
 /// two sessions in opposite orders (the activations of a previous stage, or
 /// of 8 concurrent sessions, arrive at a group's ranks in any order) would
 /// otherwise each wait for the other until fused_wait ran out, at every
@@ -498,11 +500,11 @@ void run_fused(const std::shared_ptr<fused_job>& job, const std::atomic<bool>& c
       const auto yield_at = clock_type::now() + std::chrono::nanoseconds(ns) + fused_yield;
       while (!ready() && !c.inbox->abort && !cancelled && clock_type::now() < j.until) {
         if (clock_type::now() >= yield_at && j.worker->pending() > 1) {
-          // Another job is queued: let it run, resume behind it.
+          // Another job is queued: let it run, then resume right after it.
           lk.unlock();
           ++j.yields;
           auto self = job;
-          j.worker->post([self](const std::atomic<bool>& cancelled_again) { run_fused(self, cancelled_again); });
+          j.worker->post_next([self](const std::atomic<bool>& cancelled_again) { run_fused(self, cancelled_again); });
           return;
         }
         if (!lent.on) {

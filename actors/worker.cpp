@@ -45,6 +45,19 @@ void compute_worker::post(job j) {
   cv_.notify_one();
 }
 
+void compute_worker::post_next(job j) {
+  if (inline_) {
+    post(std::move(j));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return;
+    jobs_.insert(jobs_.empty() ? jobs_.end() : jobs_.begin() + 1, std::move(j));
+  }
+  cv_.notify_one();
+}
+
 std::size_t compute_worker::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return jobs_.size() + running_;

@@ -68,6 +68,10 @@ public:
 
   /// Queues a job (runs after every job posted before it).
   void post(job j);
+  /// Queues a job to run right after the first queued job (at the front of
+  /// the queue when none is): a running job that yields lets one other job
+  /// run, then resumes, without going behind the whole queue. Inline: runs it.
+  void post_next(job j);
   /// Jobs queued or running (for statistics and tests).
   std::size_t pending() const;
 
