@@ -208,7 +208,7 @@ fi
   else
     echo "# host: $NODE_BW GB/s, $PAR cores"
     echo "# $NODES node daemons in network namespaces (scripts/lab.sh), each capped at $CPU% of a core (cgroup)${NICE:+, nice $NICE};"
-    echo "# host read bandwidth $BW GB/s measured by plan --hardware host before the runs; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "# host read bandwidth $BW GB/s measured by plan --hardware host before the runs; load (1, 5, 15 min) when the runs ended: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "# runs $START - $END UTC on $(git rev-parse --short HEAD 2>/dev/null || echo unknown): CELLSHARD_LAB_CPU=$CPU CELLSHARD_LAB_STEPS=$STEPS CELLSHARD_LAB_NODES=$GRID CELLSHARD_LAB_REPEAT=$REPEAT CELLSHARD_LAB_NICE=${NICE:-none} CELLSHARD_LAB_RATES=\"$RATES\" scripts/calibrate-lab.sh"
     echo "# cellshard sweep --cluster LAB -n $STEPS --batch $BATCHES, per link: -m lab8.bin (dim 512, 8 layers, 8 KV heads, f32) --nodes $GRID --topology $TOPOS$([ "$MOE" != 0 ] && echo "; -m labmoe8.gguf (dim 256, 8 layers, 8 experts top 2, f32) --nodes $MOE_GRID --topology expert")"
     sed 's/^/# /' "$TMP/links.txt"

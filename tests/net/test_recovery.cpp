@@ -211,6 +211,33 @@ std::string describe(const test::front_end_process& fe, const daemons& d) {
   return "front end stdout:\n" + fe.out() + "\nfront end stderr:\n" + fe.err() + "\ndaemon logs:\n" + d.logs();
 }
 
+/// Runs a front end with `args` over `d` (its JSON to `json`); for `kind`
+/// "kill" or "freeze", once K tokens are out, SIGKILLs or SIGSTOPs the
+/// daemon of placement index 1 (which must be node 1; thawed after the run).
+/// Checks exit 0, the fixture's text and no divergence; returns the JSON.
+nlohmann::json run_through_fault(daemons& d, const fixture& f, const std::string& kind,
+                                 const std::vector<std::string>& args, const std::string& json) {
+  test::front_end_process fe(args);
+  REQUIRE(fe.started());
+  if (kind == "kill" || kind == "freeze") {
+    const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
+    INFO(describe(fe, d));
+    REQUIRE(reached);
+    REQUIRE(placement_nodes(fe.err())[1] == 1);
+    if (kind == "kill") d[1].signal(SIGKILL);
+    else d[1].freeze();
+  }
+  const int status = fe.wait(run_deadline_s);
+  if (kind == "freeze") d[1].thaw();
+  INFO(describe(fe, d));
+  CHECK(status == 0);
+  CHECK(fe.out() == f.text);
+  auto j = read_json(json);
+  INFO("json: " << j.dump(1));
+  CHECK(j.value("diverged", true) == false);
+  return j;
+}
+
 }  // namespace
 
 namespace {
@@ -756,28 +783,12 @@ TEST_CASE("tensor over daemons with the data plane: a rank killed, frozen or fau
       if (kind == "corrupt") more = {"--fault", "corrupt:node=1:step=30:n=3"};
       auto args = run_args(f, cluster, json, more);
       std::replace(args.begin(), args.end(), std::string("pipeline"), std::string("tensor"));
-      test::front_end_process fe(args);
-      REQUIRE(fe.started());
-      if (kind == "kill" || kind == "freeze") {
-        const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
-        INFO(describe(fe, d));
-        REQUIRE(reached);
-        REQUIRE(placement_nodes(fe.err())[1] == 1);  // rank 1 on node 1
-        if (kind == "kill") d[1].signal(SIGKILL);
-        else d[1].freeze();
-      }
-      const int status = fe.wait(run_deadline_s);
-      if (kind == "freeze") d[1].thaw();
-      INFO(describe(fe, d));
-      CHECK(status == 0);
-      CHECK(fe.out() == f.text);
+      const auto j = run_through_fault(d, f, kind, args, json);  // rank 1 on node 1
       // Rank 0's daemon sent its partial sums over the data plane, and its
       // fused jobs read the sockets themselves (the default lend).
       CHECK_THAT(d[0].log(), Catch::Contains("data plane: link to"));
       CHECK_THAT(d[0].log(), Catch::Contains("data plane: reading lent"));
-      const auto j = read_json(json);
       INFO("json: " << j.dump(1));
-      CHECK(j.value("diverged", true) == false);
       if (kind != "corrupt") {
         std::vector<nlohmann::json> recs;  // the pacing's slow record left out
         for (const auto& r : faults_of(j, 1))
@@ -809,24 +820,8 @@ TEST_CASE("pipeline over daemons: activations on the data plane, a stage killed,
       if (kind == "kill" || kind == "freeze") more = {"--fault", "slow:node=1:step=0:ms=20"};
       if (kind == "crash" || kind == "silence") more = {"--fault", kind + ":node=1:step=30"};
       if (kind == "corrupt") more = {"--fault", "corrupt:node=0:step=30:n=3"};
-      test::front_end_process fe(run_args(f, cluster, json, more));
-      REQUIRE(fe.started());
-      if (kind == "kill" || kind == "freeze") {
-        const bool reached = fe.wait_for_stdout_bytes(f.offsets[K], 60);
-        INFO(describe(fe, d));
-        REQUIRE(reached);
-        REQUIRE(placement_nodes(fe.err())[1] == 1);  // stage 1 on node 1
-        if (kind == "kill") d[1].signal(SIGKILL);
-        else d[1].freeze();
-      }
-      const int status = fe.wait(run_deadline_s);
-      if (kind == "freeze") d[1].thaw();
-      INFO(describe(fe, d));
-      CHECK(status == 0);
-      CHECK(fe.out() == f.text);
-      const auto j = read_json(json);
+      const auto j = run_through_fault(d, f, kind, run_args(f, cluster, json, more), json);  // stage 1 on node 1
       INFO("json: " << j.dump(1));
-      CHECK(j.value("diverged", true) == false);
       // Each live daemon logs its counters once the front end is gone (its
       // shards stopped: the daemon's stats say 0 shards after that line).
       test::activation_counts sum;
