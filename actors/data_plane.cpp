@@ -44,6 +44,13 @@ void put_u32(char* p, uint32_t v) {
 void put_u64(char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
+/// A frame's first 20 bytes, the step id both kinds carry: session, epoch, pos0, count.
+void put_step_id(char* p, const step_id& id) {
+  put_u64(p, id.session);
+  put_u32(p + 8, id.epoch);
+  put_u32(p + 12, static_cast<uint32_t>(id.pos0));
+  put_u32(p + 16, static_cast<uint32_t>(id.count));
+}
 uint32_t get_u32(const char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
@@ -588,10 +595,7 @@ bool data_plane::send_blob(const std::string& peer, uint8_t kind, caf::actor_id 
 
 bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial_sum& m) {
   char f[frame_fields];
-  put_u64(f, m.id.session);
-  put_u32(f + 8, m.id.epoch);
-  put_u32(f + 12, static_cast<uint32_t>(m.id.pos0));
-  put_u32(f + 16, static_cast<uint32_t>(m.id.count));
+  put_step_id(f, m.id);
   put_u32(f + 20, static_cast<uint32_t>(m.layer));
   put_u32(f + 24, static_cast<uint32_t>(m.phase));
   put_u32(f + 28, static_cast<uint32_t>(m.rank));
@@ -600,10 +604,7 @@ bool data_plane::send(const std::string& peer, caf::actor_id dest, const partial
 
 bool data_plane::send(const std::string& peer, caf::actor_id dest, const activation& m) {
   char f[frame_fields];
-  put_u64(f, m.id.session);
-  put_u32(f + 8, m.id.epoch);
-  put_u32(f + 12, static_cast<uint32_t>(m.id.pos0));
-  put_u32(f + 16, static_cast<uint32_t>(m.id.count));
+  put_step_id(f, m.id);
   put_u32(f + 20, static_cast<uint32_t>(m.replay_until));
   put_u64(f + 24, static_cast<uint64_t>(m.compute_ns));
   return send_blob(peer, kind_activation, dest, f, m.x);

@@ -426,7 +426,6 @@ struct fused_job {
   std::map<int32_t, uint64_t> sent;
   // The reduction's deadline (fused_wait + 4 x the compute), kept across yields.
   clock_type::time_point until{};
-  int yields = 0;
 };
 
 /// Runs (or resumes) a fused job on the worker. While it waits for its
@@ -502,7 +501,6 @@ void run_fused(const std::shared_ptr<fused_job>& job, const std::atomic<bool>& c
         if (clock_type::now() >= yield_at && j.worker->pending() > 1) {
           // Another job is queued: let it run, then resume right after it.
           lk.unlock();
-          ++j.yields;
           auto self = job;
           j.worker->post_next([self](const std::atomic<bool>& cancelled_again) { run_fused(self, cancelled_again); });
           return;
